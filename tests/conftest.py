@@ -1,0 +1,21 @@
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))  # tests/tiny.py, tests/helpers.py
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    from tiny import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-model"))
+
+
+@pytest.fixture(scope="session")
+def tiny_plain_model_dir(tmp_path_factory) -> Path:
+    """Same model without a chat template (exercises the plain prompt template)."""
+    from tiny import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-plain"), chat=False)

@@ -1,0 +1,26 @@
+"""Grading functions with faults, for the verifier-pool tests (imported by spawned workers)."""
+
+import os
+import time
+
+from thinkrl.verifier import grade
+
+
+def sleepy_grade(completion: str, answer: str):
+    if completion == "sleep":
+        time.sleep(60)
+    return grade(completion, answer)
+
+
+def crashing_grade(completion: str, answer: str):
+    if completion == "crash":
+        os._exit(1)  # the worker dies mid-sample, as on an out-of-memory kill
+    return grade(completion, answer)
+
+
+
+def length_reward(completion: str, answer: str):
+    """A test grader with varied rewards for any model: (length of the completion mod 3) / 2. The tiny
+    random model never solves arithmetic, so with the real grader every group would be all-zero and the
+    plumbing tests would never exercise a real update."""
+    return (len(completion) % 3) / 2, None

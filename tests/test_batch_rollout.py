@@ -1,0 +1,131 @@
+"""TokenBatch checks, the chunked log-prob/entropy forward, and sampling on the tiny model."""
+
+import pytest
+import torch
+
+import thinkrl.batch as batch_mod
+from thinkrl.batch import TokenBatch, token_logprobs
+from thinkrl.rollout import PolicySampler, Sampling, _sample, generate
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_model_dir):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval(), AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+PROMPTS = [[4, 65, 24, 17, 36], [4, 70, 71, 72, 73, 74, 75, 76, 5]]
+
+
+def test_token_batch_checks_shapes_and_grad():
+    z = torch.zeros(2, 3)
+    with pytest.raises(ValueError, match="mask has shape"):
+        TokenBatch(logp=z, old_logp=z, behav_logp=z, advantages=z, mask=torch.ones(2, 4))
+    with pytest.raises(ValueError, match="old_logp must not carry grad"):
+        TokenBatch(logp=z, old_logp=z.clone().requires_grad_(), behav_logp=z, advantages=z, mask=torch.ones(2, 3))
+    b = TokenBatch(logp=z, old_logp=z, behav_logp=z, advantages=torch.tensor([1.0, 2.0]), mask=torch.tensor([[1, 1, 0], [1, 0, 0]]))
+    assert b.advantages.shape == (2, 3) and b.num_tokens == 3 and b.num_seqs == 2
+    assert b.advantages[0, 2] == 0  # padding zero-filled
+
+
+def naive_logprobs(model, prompts, completions, temperature):
+    """Reference: full logits for the whole sequence, then gather."""
+    ids, attn, pos, Lp = batch_mod.pack(prompts, completions, pad_id=0)
+    logits = model(input_ids=ids, attention_mask=attn, position_ids=pos).logits.float() / temperature
+    T = completions.shape[1]
+    logp_all = torch.log_softmax(logits[:, Lp - 1 : Lp - 1 + T], -1)
+    logp = logp_all.gather(-1, completions[..., None]).squeeze(-1)
+    ent = -(logp_all.exp() * logp_all).sum(-1)
+    return logp, ent
+
+
+@pytest.mark.parametrize("chunk_elems", [2**25, 7 * 105])  # one chunk, and chunks of 7 rows (checkpointed)
+def test_chunked_logprobs_and_entropy_match_full_logits(tiny, monkeypatch, chunk_elems):
+    model, _ = tiny
+    monkeypatch.setattr(batch_mod, "CHUNK_ELEMS", chunk_elems)
+    completions = torch.tensor([[10, 11, 12, 1, 0, 0], [20, 21, 22, 23, 24, 25]])
+    mask = torch.tensor([[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1]]).bool()
+    logp, ent = token_logprobs(model, PROMPTS, completions, mask, pad_id=0, temperature=0.7, entropy=True)
+    ref_logp, ref_ent = naive_logprobs(model, PROMPTS, completions, 0.7)
+    assert torch.allclose(logp[mask], ref_logp[mask], atol=1e-5)
+    assert torch.allclose(ent[mask], ref_ent[mask], atol=1e-5)
+    assert (logp[~mask] == 0).all()
+    logp[mask].sum().backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    ref_logp[mask].sum().backward()
+    for g, p in zip(grads, model.parameters()):
+        assert torch.allclose(g, p.grad, atol=1e-5)
+    model.zero_grad()
+
+
+def test_behaviour_logprobs_match_a_training_forward(tiny):
+    model, _ = tiny
+    g = torch.Generator().manual_seed(0)
+    comp = generate(model, PROMPTS, 3, Sampling(8, temperature=0.9), eos_ids=[1], pad_id=0, generator=g)
+    assert comp.tokens.shape[0] == 6 and comp.mask.sum(-1).tolist() == comp.lengths.tolist()
+    prompts = [p for p in PROMPTS for _ in range(3)]
+    with torch.no_grad():
+        logp, _ = token_logprobs(model, prompts, comp.tokens, comp.mask, 0, temperature=0.9)
+    assert torch.allclose(logp[comp.mask], comp.behav_logp[comp.mask], atol=1e-4)
+
+
+def test_generation_is_seeded_and_stops_rows_at_eos(tiny):
+    model, _ = tiny
+    run = lambda seed: generate(model, PROMPTS, 4, Sampling(12, 1.0), [1, 30, 31], 0, torch.Generator().manual_seed(seed))  # noqa: E731
+    a, b = run(5), run(5)
+    assert torch.equal(a.tokens, b.tokens) and torch.equal(a.behav_logp, b.behav_logp)
+    for row, n, trunc in zip(a.tokens, a.lengths, a.truncated):
+        ended = row[n - 1].item() in (1, 30, 31)
+        assert ended != bool(trunc)
+        assert (row[n:] == 0).all()  # padding after the end
+        assert not any(t in (1, 30, 31) for t in row[: n - 1].tolist())
+
+
+def test_greedy_is_the_argmax_path(tiny):
+    model, _ = tiny
+    comp = generate(model, PROMPTS[:1], 2, Sampling(5, temperature=0.0), [1], 0)
+    assert torch.equal(comp.tokens[0], comp.tokens[1])
+    ids = torch.tensor([PROMPTS[0]])
+    for t in range(int(comp.lengths[0])):
+        nxt = model(input_ids=ids).logits[0, -1].argmax()
+        assert nxt == comp.tokens[0, t]
+        ids = torch.cat([ids, nxt.view(1, 1)], 1)
+
+
+def test_top_p_and_top_k_only_sample_inside_the_kept_set():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]])).repeat(2000, 1)
+    g = torch.Generator().manual_seed(0)
+    ids, lp = _sample(logits, Sampling(1, 1.0, top_p=0.7), g)
+    assert set(ids.tolist()) == {0, 1}  # 0.5 + 0.3 reaches 0.7
+    assert torch.allclose(lp[ids == 0], torch.log(torch.tensor(0.5 / 0.8)))  # renormalised on the nucleus
+    ids, _ = _sample(logits, Sampling(1, 1.0, top_k=3), g)
+    assert set(ids.tolist()) == {0, 1, 2}
+    ids, _ = _sample(logits, Sampling(1, 1.0), g)
+    freq = torch.bincount(ids, minlength=4).float() / len(ids)
+    assert torch.allclose(freq, torch.tensor([0.5, 0.3, 0.15, 0.05]), atol=0.04)
+
+
+def test_merged_sampler_matches_the_lora_policy(tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    from thinkrl.config import LoraConfig
+    from thinkrl.models import add_lora
+
+    torch.manual_seed(0)
+    policy = add_lora(AutoModelForCausalLM.from_pretrained(tiny_model_dir), LoraConfig(rank=4, alpha=8))
+    for name, p in policy.named_parameters():
+        if "lora_B" in name:
+            p.data.normal_(0, 0.5)  # a non-trivial adapter
+    sampler = PolicySampler(policy)
+    ids = torch.tensor([PROMPTS[1]])
+    model = sampler.refresh()
+    with torch.no_grad():
+        assert torch.allclose(model(input_ids=ids).logits, policy(input_ids=ids).logits, atol=1e-5)
+        for name, p in policy.named_parameters():
+            if "lora_A" in name:
+                p.data.add_(0.3)  # the policy moves; refresh must follow
+        assert not torch.allclose(model(input_ids=ids).logits, policy(input_ids=ids).logits, atol=1e-3)
+        assert torch.allclose(sampler.refresh()(input_ids=ids).logits, policy(input_ids=ids).logits, atol=1e-5)

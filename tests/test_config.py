@@ -1,0 +1,89 @@
+from pathlib import Path
+
+import pytest
+import yaml
+
+from thinkrl.config import Config, load_config, resolve, save_config
+from thinkrl.errors import UserError
+
+CONFIGS = sorted(Path(__file__).parent.parent.joinpath("configs").glob("*.yaml"))
+
+
+def test_defaults_resolve_to_the_first_run():
+    cfg = resolve(load_config())
+    assert (cfg.method.name, cfg.model.name, cfg.data.name) == ("grpo", "smollm2-135m", "arith")
+    assert cfg.method.params["clip_low"] == 0.2  # the method's defaults are filled in
+    assert cfg.output_dir.startswith("runs/") and cfg.output_dir.endswith("-grpo")
+
+
+def test_yaml_then_overrides_then_shorthands(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("train:\n  lr: 3.0e-4\n  steps: 7\nmethod:\n  name: grpo\n  clip_high: 0.28\n")
+    cfg = load_config(path, ["train.steps=9", "rollout.top_p=0.9", "method.dual_clip=3"], **{"data.name": "x.jsonl"})
+    assert cfg.train.lr == 3e-4 and cfg.train.steps == 9 and cfg.rollout.top_p == 0.9
+    assert cfg.method.params == {"clip_high": 0.28, "dual_clip": 3}
+    assert cfg.data.name == "x.jsonl"
+
+
+def test_float_written_like_1e_minus_4_is_accepted():
+    assert load_config(overrides=["train.lr=1e-4"]).train.lr == 1e-4  # YAML reads 1e-4 as a string
+
+
+def test_lists_accept_comma_separated_values():
+    assert load_config(overrides=["model.lora.target_modules=q_proj,v_proj"]).model.lora.target_modules == ["q_proj", "v_proj"]
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("train.lrr=1", r"unknown config key 'train.lrr' \(did you mean train.lr\?\)"),
+        ("rollout.groupsize=4", r"did you mean rollout.group_size"),
+        ("train.steps=many", r"train.steps: expected int, got 'many'"),
+        ("train.lr=fast", r"train.lr: expected float, got 'fast'"),
+        ("model.dtype=fp64", r"model.dtype: 'fp64' is not one of"),
+        ("train.steps", r"must look like key=value"),
+    ],
+)
+def test_bad_overrides_name_the_key(override, message):
+    with pytest.raises(UserError, match=message):
+        load_config(overrides=[override])
+
+
+def test_method_section_is_validated_against_the_method_config():
+    with pytest.raises(UserError, match=r"unknown key method.clip_hi"):
+        resolve(load_config(overrides=["method.clip_hi=0.3"]))
+    with pytest.raises(UserError, match=r"unknown method 'nosuch'.*available: .*grpo"):
+        resolve(load_config(overrides=["method.name=nosuch"]))
+
+
+def test_cross_field_checks():
+    with pytest.raises(UserError, match="rollout.temperature must be > 0"):
+        resolve(load_config(overrides=["rollout.temperature=0"]))
+
+
+def test_malformed_and_missing_yaml(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("train: [unclosed\n")
+    with pytest.raises(UserError, match="malformed YAML"):
+        load_config(bad)
+    with pytest.raises(UserError, match="config file not found"):
+        load_config(tmp_path / "missing.yaml")
+
+
+def test_resolved_config_round_trips(tmp_path):
+    cfg = resolve(load_config(overrides=["train.lr=2e-4", "method.clip_high=0.28"]))
+    save_config(cfg, tmp_path / "config.yaml")
+    again = resolve(load_config(tmp_path / "config.yaml"))
+    assert again == cfg
+    written = yaml.safe_load((tmp_path / "config.yaml").read_text())
+    assert written["method"]["name"] == "grpo" and written["method"]["clip_high"] == 0.28
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[p.name for p in CONFIGS])
+def test_every_shipped_config_loads_and_resolves(path):
+    cfg = resolve(load_config(path))
+    assert isinstance(cfg, Config)
+
+
+def test_configs_directory_is_not_empty():
+    assert CONFIGS, "configs/*.yaml missing"

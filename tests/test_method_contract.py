@@ -1,0 +1,101 @@
+"""The contract every registered method must meet (architecture.md 3.2). Adding a file to
+thinkrl/methods/ is safe because this test runs over all of them."""
+
+import pytest
+import torch
+
+from thinkrl.batch import TokenBatch
+from thinkrl.methods import available_methods, get_method
+
+B, T, K = 4, 5, 3
+MASK = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0], [1, 1, 1, 1, 0]]).bool()
+
+
+def make_batch(theta: torch.Tensor, topk_theta: torch.Tensor, junk: float | None = None, on_policy: bool = False, seed: int = 0):
+    """A batch whose logp is `theta` (a leaf with grad). With `junk`, masked positions of every field hold it."""
+    g = torch.Generator().manual_seed(seed)
+    logp = theta
+    old = theta.detach() if on_policy else (theta.detach() + 0.3 * torch.randn(B, T, generator=g)).clamp(max=-0.01)
+    behav = old.clone() if on_policy else (old + 0.2 * torch.randn(B, T, generator=g)).clamp(max=-0.01)
+    adv = torch.tensor([1.0, -0.5, 0.7, -1.2])[:, None].expand(B, T).clone()
+    fields = dict(
+        old_logp=old, behav_logp=behav, advantages=adv,
+        prefix_mask=torch.zeros(B, T, dtype=torch.bool).index_fill(1, torch.tensor([0]), True),
+        entropy=torch.rand(B, T, generator=g) * 2, old_entropy=torch.rand(B, T, generator=g) * 2,
+        ref_logp=(old + 0.1 * torch.randn(B, T, generator=g)).clamp(max=-0.01),
+        topk_ids=torch.randint(0, 50, (B, T, K), generator=g), topk_old_logp=torch.log_softmax(torch.randn(B, T, K, generator=g), -1),
+        token_js=torch.rand(B, T, generator=g) * 0.69,
+    )
+    topk_logp = topk_theta
+    if junk is not None:
+        pad = ~MASK
+        logp = torch.where(pad, torch.full_like(theta, junk), theta)
+        topk_logp = torch.where(pad[..., None], torch.full_like(topk_theta, junk), topk_theta)
+        for k in ("old_logp", "behav_logp", "advantages", "entropy", "old_entropy", "ref_logp", "token_js", "topk_old_logp"):
+            v = fields[k]
+            fields[k] = torch.where(pad if v.dim() == 2 else pad[..., None], torch.full_like(v, junk), v)
+    return TokenBatch(logp=logp, mask=MASK, topk_logp=topk_logp, generator=torch.Generator().manual_seed(seed), **fields)
+
+
+def leaves(seed: int = 1):
+    g = torch.Generator().manual_seed(seed)
+    theta = (-torch.rand(B, T, generator=g) * 3 - 0.05).requires_grad_()
+    topk = torch.log_softmax(torch.randn(B, T, K, generator=g), -1).requires_grad_()
+    return theta, topk
+
+
+def loss_and_grad(method, **kw):
+    theta, topk = leaves()
+    loss, metrics = method.loss(make_batch(theta, topk, **kw))
+    loss.backward()
+    return loss.detach(), theta.grad.clone(), metrics
+
+
+@pytest.fixture(params=available_methods())
+def method_name(request):
+    return request.param
+
+
+def test_finite_scalar_and_detached_metrics(method_name):
+    loss, grad, metrics = loss_and_grad(get_method(method_name))
+    assert loss.dim() == 0 and torch.isfinite(loss)
+    assert torch.isfinite(grad).all()
+    for k, v in metrics.items():
+        assert isinstance(v, torch.Tensor) and not v.requires_grad, k
+        assert torch.isfinite(v).all(), k
+
+
+@pytest.mark.parametrize("junk", [1e9, -1e9, float("nan")])
+def test_masked_positions_change_neither_loss_nor_gradient(method_name, junk):
+    clean_loss, clean_grad, _ = loss_and_grad(get_method(method_name))
+    junk_loss, junk_grad, _ = loss_and_grad(get_method(method_name), junk=junk)
+    assert torch.equal(clean_loss, junk_loss)
+    assert torch.equal(clean_grad, junk_grad)
+
+
+def test_micro_batches_with_global_counts_reproduce_full_batch(method_name):
+    m = get_method(method_name)
+    full_loss, full_grad, _ = loss_and_grad(m)
+    theta, topk = leaves()
+    total = 0.0
+    for part in make_batch(theta, topk).split([1, 3]):  # global num_tokens / num_seqs are kept
+        loss, _ = get_method(method_name).loss(part)
+        loss.backward(retain_graph=True)  # the parts share the batch's graph
+        total = total + loss.detach()
+    assert torch.allclose(total, full_loss, atol=1e-6)
+    assert torch.allclose(theta.grad, full_grad, atol=1e-6)
+
+
+def test_on_policy_gradient_is_reinforce(method_name):
+    """At logp == old_logp == behav_logp the gradient equals that of aggregate(-A * logp)."""
+    from thinkrl.methods._common import aggregate
+
+    m = get_method(method_name)
+    if not getattr(m, "reinforce_on_policy", True):
+        pytest.skip(f"{method_name} selects or reweights tokens on-policy by design")
+    _, grad, _ = loss_and_grad(m, on_policy=True)
+    theta, _ = leaves()
+    adv = make_batch(theta, leaves()[1]).advantages
+    ref = aggregate(-adv * theta, MASK, m.cfg.aggregation, int(MASK.sum()), B, getattr(m.cfg, "norm_length", 0) or T)
+    ref.backward()
+    assert torch.allclose(grad, theta.grad, atol=1e-6)

@@ -1,0 +1,101 @@
+"""GRPO and the shared helpers against the hand-worked cases of methods.md 1.4 and 2.2."""
+
+import math
+
+import pytest
+import torch
+
+from thinkrl.batch import TokenBatch
+from thinkrl.methods import get_method
+from thinkrl.methods._common import aggregate
+
+
+def one_token(ratio: float, adv: float):
+    """A 1x1 batch with log-ratio log(ratio) that carries grad."""
+    logp = torch.tensor([[math.log(ratio)]], requires_grad=True)
+    batch = TokenBatch(logp=logp, old_logp=torch.zeros(1, 1), behav_logp=torch.zeros(1, 1), advantages=torch.tensor([adv]), mask=torch.ones(1, 1))
+    return logp, batch
+
+
+def test_aggregation_worked_example():
+    # two sequences with per-token losses [1,2] and [3,4,5,6]
+    per_token = torch.tensor([[1.0, 2, 0, 0], [3, 4, 5, 6]])
+    mask = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1]]).bool()
+    assert aggregate(per_token, mask, "token-mean", 6, 2).item() == pytest.approx(3.5)  # 21 / 6
+    assert aggregate(per_token, mask, "seq-mean-token-mean", 6, 2).item() == pytest.approx(3.0)  # (1.5 + 4.5) / 2
+    assert aggregate(per_token, mask, "seq-mean-token-sum", 6, 2).item() == pytest.approx(10.5)  # (3 + 18) / 2
+    assert aggregate(per_token, mask, "seq-mean-token-sum-norm", 6, 2, norm_length=8).item() == pytest.approx(1.3125)  # 21/16
+
+
+def test_ratio_above_clip_with_positive_advantage_is_clipped_and_has_no_gradient():
+    # r = 1.5, A = +1, eps = 0.2: l = max(-1.5, -1.2) = -1.2, clipped branch -> d l / d logp = 0
+    logp, batch = one_token(1.5, 1.0)
+    loss, metrics = get_method("grpo").loss(batch)
+    loss.backward()
+    assert loss.item() == pytest.approx(-1.2)
+    assert logp.grad.item() == 0.0
+    assert metrics["clip/frac"].item() == 1.0 and metrics["clip/high_frac"].item() == 1.0
+
+
+def test_ratio_below_clip_with_negative_advantage_is_clipped():
+    # r = 0.5, A = -1: l = max(0.5, 0.8) = 0.8, gradient 0
+    logp, batch = one_token(0.5, -1.0)
+    loss, metrics = get_method("grpo").loss(batch)
+    loss.backward()
+    assert loss.item() == pytest.approx(0.8)
+    assert logp.grad.item() == 0.0
+    assert metrics["clip/low_frac"].item() == 1.0
+
+
+def test_dual_clip_caps_negative_advantage_loss():
+    # r = 5, A = -1: l = max(5, 1.2) = 5 without dual clip; with c = 3 it is capped at 3, gradient 0
+    logp, batch = one_token(5.0, -1.0)
+    loss, _ = get_method("grpo").loss(batch)
+    loss.backward()
+    assert loss.item() == pytest.approx(5.0)
+    assert logp.grad.item() == pytest.approx(5.0)  # d(-r A)/d logp = -A r = 5
+    logp, batch = one_token(5.0, -1.0)
+    loss, metrics = get_method("grpo", dual_clip=3.0).loss(batch)
+    loss.backward()
+    assert loss.item() == pytest.approx(3.0)
+    assert logp.grad.item() == 0.0
+    assert metrics["clip/dual_frac"].item() == 1.0
+
+
+def test_on_policy_loss_is_zero_but_gradient_is_not():
+    # all r = 1, beta = 0: per-token loss = -A; with seq-mean-token-mean over one group sum(A) = 0 -> loss 0,
+    # gradient = -(1/G) sum_i A_i / T_i  at each token of sequence i
+    adv = torch.tensor([1.0, -1.0])
+    logp = torch.zeros(2, 3, requires_grad=True)
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1]]).bool()
+    batch = TokenBatch(logp=logp, old_logp=torch.zeros(2, 3), behav_logp=torch.zeros(2, 3), advantages=adv, mask=mask)
+    loss, _ = get_method("grpo").loss(batch)
+    loss.backward()
+    assert loss.item() == pytest.approx(0.0, abs=1e-7)
+    expected = torch.tensor([[-1 / 2 / 2, -1 / 2 / 2, 0], [1 / 2 / 3, 1 / 2 / 3, 1 / 2 / 3]])
+    assert torch.allclose(logp.grad, expected)
+
+
+def test_k3_kl_term():
+    # pi = ref -> KL 0; log(ref/pi) = 0.5 -> k3 = e^0.5 - 0.5 - 1 = 0.148721
+    logp = torch.zeros(1, 2, requires_grad=True)
+    ref = torch.tensor([[0.0, 0.5]])
+    batch = TokenBatch(logp=logp, old_logp=torch.zeros(1, 2), behav_logp=torch.zeros(1, 2), advantages=torch.zeros(1), mask=torch.ones(1, 2), ref_logp=ref)
+    m = get_method("grpo", beta=0.1, aggregation="token-mean")
+    assert m.requires == {"ref_logp"}
+    loss, metrics = m.loss(batch)
+    assert loss.item() == pytest.approx(0.1 * (math.exp(0.5) - 1.5) / 2, rel=1e-5)
+    assert metrics["kl/ref"].item() == pytest.approx((math.exp(0.5) - 1.5) / 2, rel=1e-5)
+
+
+def test_grpo_config_is_validated():
+    from thinkrl.errors import UserError
+
+    with pytest.raises(UserError, match="clip_hihg.*did you mean clip_high"):
+        get_method("grpo", clip_hihg=0.3)
+    with pytest.raises(UserError, match="method.clip_high: expected float"):
+        get_method("grpo", clip_high="wide")
+    with pytest.raises(UserError, match="dual_clip must be > 1"):
+        get_method("grpo", dual_clip=0.5)
+    with pytest.raises(UserError, match="not one of"):
+        get_method("grpo", aggregation="mean")

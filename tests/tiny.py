@@ -1,0 +1,53 @@
+"""A tiny random-initialised causal LM with a character-level tokenizer, built offline in a directory.
+
+Used by the fast tests (and usable by anyone) as `--model DIR`: no network, a few hundred KB, loads in
+well under a second. Its completions are noise, which is all plumbing tests need.
+"""
+
+from __future__ import annotations
+
+import string
+from pathlib import Path
+
+SPECIALS = ["<pad>", "<eos>", "<bos>", "<unk>", "<|user|>", "<|assistant|>", "<|system|>"]
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+def build_tokenizer(chat: bool = True):
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    chars = [c for c in string.printable if c not in "\x0b\x0c"]
+    vocab = {tok: i for i, tok in enumerate(SPECIALS + chars)}
+    core = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.Split(Regex("<\\|[a-z]+\\|>|<[a-z]+>|."), behavior="isolated")
+    core.decoder = decoders.Fuse()
+    tok = PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", eos_token="<eos>", bos_token="<bos>", unk_token="<unk>")
+    tok.add_special_tokens({"additional_special_tokens": SPECIALS[4:]})
+    if chat:
+        tok.chat_template = CHAT_TEMPLATE
+    return tok
+
+
+def build_tiny_model(directory: str | Path, seed: int = 0, chat: bool = True) -> Path:
+    """Write a tiny Llama-shaped model + tokenizer into `directory` and return it."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    directory = Path(directory)
+    tok = build_tokenizer(chat)
+    config = LlamaConfig(
+        vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=512, pad_token_id=tok.pad_token_id,
+        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, tie_word_embeddings=True,
+    )
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config)
+    model.generation_config.eos_token_id = tok.eos_token_id
+    model.generation_config.pad_token_id = tok.pad_token_id
+    model.save_pretrained(directory)
+    tok.save_pretrained(directory)
+    return directory

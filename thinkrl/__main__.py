@@ -1,0 +1,3 @@
+from thinkrl.cli import run
+
+run()

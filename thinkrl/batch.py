@@ -1,0 +1,155 @@
+"""TokenBatch: the one typed input of every policy loss.
+
+Shape letters used across thinkrl: B = sequences (prompts x G), G = group size, T = completion length
+(prompt excluded), V = vocabulary, K = top-K width. Every per-token field is (B, T).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+_NO_GRAD = ("old_logp", "behav_logp", "advantages", "entropy", "old_entropy", "ref_logp", "token_js", "topk_old_logp")
+_PER_TOKEN = ("logp", "old_logp", "behav_logp", "advantages", "prefix_mask", "entropy", "old_entropy", "ref_logp", "token_js")
+_TOPK = ("topk_ids", "topk_old_logp", "topk_logp")
+
+
+@dataclass
+class TokenBatch:
+    logp: Tensor  # (B, T) log pi_theta(y_t), carries grad
+    old_logp: Tensor  # (B, T) log pi_old(y_t): policy at the start of this update phase
+    behav_logp: Tensor  # (B, T) log mu(y_t): whoever sampled the token
+    advantages: Tensor  # (B, T) per-sequence advantage broadcast over tokens; (B,) is broadcast for you
+    mask: Tensor  # (B, T) 1 = generated token that is trained on, 0 = padding
+    prefix_mask: Tensor | None = None  # (B, T) 1 = token from a historical-checkpoint prefix
+    entropy: Tensor | None = None  # (B, T) entropy of pi_theta's next-token distribution (detached)
+    old_entropy: Tensor | None = None  # (B, T) entropy of pi_old
+    ref_logp: Tensor | None = None  # (B, T) reference model log-prob (KL)
+    topk_ids: Tensor | None = None  # (B, T, K) top-K ids of the proposal distribution
+    topk_old_logp: Tensor | None = None  # (B, T, K) proposal log-probs there
+    topk_logp: Tensor | None = None  # (B, T, K) pi_theta log-probs there (carries grad)
+    token_js: Tensor | None = None  # (B, T) JS divergence of each position to the batch mean
+    num_tokens: int | None = None  # global count of mask == 1 tokens in the whole update batch
+    num_seqs: int | None = None  # global count of sequences in the update batch
+    generator: torch.Generator | None = None  # for methods that draw random numbers
+
+    def __post_init__(self) -> None:
+        if self.logp.dim() != 2:
+            raise ValueError(f"logp must be (B, T), got shape {tuple(self.logp.shape)}")
+        shape = self.logp.shape
+        if self.advantages.dim() == 1:
+            self.advantages = self.advantages[:, None].expand(shape)
+        self.mask = self.mask.bool()
+        if self.mask.shape != shape:
+            raise ValueError(f"mask has shape {tuple(self.mask.shape)}, expected {tuple(shape)}")
+        for name in _PER_TOKEN + _TOPK:
+            value = getattr(self, name)
+            if value is None:
+                continue
+            want = shape if name in _PER_TOKEN else None
+            if want is not None and value.shape != want:
+                raise ValueError(f"{name} has shape {tuple(value.shape)}, expected {tuple(want)}")
+            if name in _TOPK and value.shape[:2] != shape:
+                raise ValueError(f"{name} has shape {tuple(value.shape)}, expected ({shape[0]}, {shape[1]}, K)")
+            if name in _NO_GRAD and value.requires_grad:
+                raise ValueError(f"{name} must not carry grad (detach it)")
+            # Zero-fill padding once, here, so no method can let junk at mask == 0 reach the loss or the
+            # gradient (torch.where passes no gradient to the unselected branch).
+            m = self.mask if value.dim() == 2 else self.mask[..., None]
+            setattr(self, name, torch.where(m, value, torch.zeros((), dtype=value.dtype)))
+        if self.num_tokens is None:
+            self.num_tokens = int(self.mask.sum())
+        if self.num_seqs is None:
+            self.num_seqs = shape[0]
+
+    def split(self, sizes: list[int]) -> list[TokenBatch]:
+        """Micro-batches along B that keep the global num_tokens / num_seqs (for tests and the trainer)."""
+        out, start = [], 0
+        for n in sizes:
+            fields = {}
+            for f in dataclasses.fields(self):
+                v = getattr(self, f.name)
+                fields[f.name] = v[start : start + n] if isinstance(v, Tensor) else v
+            out.append(TokenBatch(**fields))
+            start += n
+        return out
+
+
+# ---------------------------------------------------------------- model -> per-token log-probs
+
+CHUNK_ELEMS = 2**25  # logits elements per chunk (128 MB in float32): bounds memory for any B, T, V
+
+
+def pack(prompts: list[list[int]], completions: Tensor, pad_id: int) -> tuple[Tensor, Tensor, Tensor, int]:
+    """[left-padded prompt | completion] rows: input ids, attention mask, position ids (B, Lp + T) and Lp."""
+    B, T = completions.shape
+    Lp = max(len(p) for p in prompts)
+    ids = torch.full((B, Lp), pad_id, dtype=torch.long)
+    attn = torch.zeros((B, Lp), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, Lp - len(p) :] = torch.tensor(p)
+        attn[i, Lp - len(p) :] = 1
+    device = completions.device
+    ids = torch.cat([ids.to(device), completions], dim=1)  # (B, Lp + T)
+    attn = torch.cat([attn.to(device), torch.ones_like(completions)], dim=1)  # completion padding sits after EOS
+    pos = (attn.cumsum(-1) - 1).clamp(min=0)  # (B, Lp + T)
+    return ids, attn, pos, Lp
+
+
+def _body_and_head(model):
+    """The transformer body (hidden states) and the output head of a (peft-wrapped) causal LM."""
+    base = model.module if hasattr(model, "module") else model  # DDP wrapper
+    base = base.get_base_model() if hasattr(base, "get_base_model") else base  # peft: LoRA layers stay active
+    return base.get_decoder(), base.get_output_embeddings(), base.config
+
+
+def _head_logp(head, config, hidden: Tensor, targets: Tensor, temperature: float, want_entropy: bool) -> tuple[Tensor, Tensor]:
+    """log-prob of targets and (detached) entropy for N hidden states.  hidden (N, H) -> (N,), (N,)"""
+    logits = head(hidden).float()  # (N, V)
+    if getattr(config, "logit_scale", None):
+        logits = logits * config.logit_scale
+    if getattr(config, "final_logit_softcapping", None):
+        cap = config.final_logit_softcapping
+        logits = torch.tanh(logits / cap) * cap
+    logits = logits / temperature
+    logz = torch.logsumexp(logits, -1)  # (N,)
+    logp = logits.gather(-1, targets[:, None]).squeeze(-1) - logz  # (N,)
+    if not want_entropy:
+        return logp, torch.zeros_like(logp.detach())
+    with torch.no_grad():
+        ent = logz - (torch.softmax(logits, -1) * logits).sum(-1)  # (N,)  H = log Z - E_p[logit]
+    return logp, ent
+
+
+def token_logprobs(
+    model, prompts: list[list[int]], completions: Tensor, mask: Tensor, pad_id: int, temperature: float, entropy: bool = False
+) -> tuple[Tensor, Tensor | None]:
+    """log pi(y_t) (B, T) under softmax(logits / temperature), and optionally its entropy (B, T).
+
+    The head runs only on generated positions (mask == 1), in chunks; under autograd each chunk is
+    checkpointed, so no (B, T, V) float32 logits exist at once, forward or backward.
+    """
+    body, head, config = _body_and_head(model)
+    ids, attn, pos, Lp = pack(prompts, completions, pad_id)
+    hidden = body(input_ids=ids, attention_mask=attn, position_ids=pos).last_hidden_state  # (B, Lp + T, H)
+    T = completions.shape[1]
+    h = hidden[:, Lp - 1 : Lp - 1 + T][mask]  # (N, H): the state before each generated token predicts it
+    y = completions[mask]  # (N,)
+    rows = max(1, CHUNK_ELEMS // head.weight.shape[0])
+    parts_lp, parts_ent = [], []
+    for s in range(0, h.shape[0], rows):
+        args = (head, config, h[s : s + rows], y[s : s + rows], temperature, entropy)
+        if torch.is_grad_enabled() and h.shape[0] > rows:
+            from torch.utils.checkpoint import checkpoint
+
+            lp, ent = checkpoint(_head_logp, *args, use_reentrant=False)
+        else:
+            lp, ent = _head_logp(*args)
+        parts_lp.append(lp)
+        parts_ent.append(ent)
+    logp = torch.zeros(mask.shape, dtype=torch.float32, device=h.device).masked_scatter(mask, torch.cat(parts_lp))  # (B, T)
+    ent = torch.zeros(mask.shape, dtype=torch.float32, device=h.device).masked_scatter(mask, torch.cat(parts_ent)) if entropy else None
+    return logp, ent

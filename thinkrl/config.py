@@ -1,0 +1,313 @@
+"""Run configuration: nested dataclasses -> YAML file -> strict `-o key=value` overrides.
+
+One path only: defaults written here, a YAML in configs/ that holds what differs, then dotted overrides
+whose values are parsed with `yaml.safe_load`. Unknown keys and wrong types are errors that name the key
+(and the closest valid one). The `method:` section is validated against the chosen method's own Config.
+The resolved config (every default filled in) is written into each run directory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from thinkrl.errors import UserError
+from thinkrl.typecheck import build, closest, coerce, hints
+
+
+@dataclass
+class LoraConfig:
+    rank: int = 16
+    """LoRA rank; 0 = full fine-tuning of every weight."""
+    alpha: float = 32.0
+    """LoRA scaling numerator (the update is scaled by alpha / rank)."""
+    dropout: float = 0.0
+    """Dropout on the LoRA branch."""
+    target_modules: list[str] = field(default_factory=lambda: ["all-linear"])
+    """Module names to adapt; 'all-linear' = every linear layer except the output head."""
+
+
+@dataclass
+class ModelConfig:
+    name: str = "smollm2-135m"
+    """Hub id, local directory, or the alias smollm2-135m (bundled SmolLM2-135M-Instruct)."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """Trainer dtype; auto = float32 on CPU, bfloat16 on CUDA."""
+    lora: LoraConfig = field(default_factory=LoraConfig)
+
+
+@dataclass
+class PromptConfig:
+    template: Literal["auto", "chat", "plain"] = "auto"
+    """auto = the tokenizer's chat template when it has one, else the plain template."""
+    system: str | None = None
+    """System message for chat templates; None keeps the template's own default."""
+    instruction: str = "{problem}"
+    """User message; {problem} is replaced by the problem text."""
+
+
+@dataclass
+class ArithConfig:
+    min_value: int = 10
+    """Smallest operand."""
+    max_value: int = 99
+    """Largest operand."""
+    ops: str = "+"
+    """Operators to draw from, e.g. '+-*'."""
+    terms: int = 2
+    """Operands per problem."""
+    train_size: int = 4000
+    """Problems in the train split."""
+    test_size: int = 500
+    """Problems in the held-out test split (disjoint from train)."""
+    seed: int = 1234
+    """Seed of the problem generator (independent of train.seed)."""
+
+
+@dataclass
+class DataConfig:
+    name: str = "arith"
+    """'arith' (built-in task), a dataset alias, a Hugging Face dataset id, or a .jsonl/.json/.parquet/.csv file."""
+    split: str = "train"
+    """Split to train on."""
+    subset: str | None = None
+    """Hugging Face dataset config name, if the dataset has several."""
+    problem_key: str = "problem"
+    """Column holding the problem text."""
+    answer_key: str = "answer"
+    """Column holding the reference answer."""
+    max_prompt_tokens: int = 512
+    """Rows whose prompt is longer are skipped (and counted)."""
+    limit: int = 0
+    """Use only the first N rows (0 = all)."""
+    arith: ArithConfig = field(default_factory=ArithConfig)
+
+
+@dataclass
+class RolloutConfig:
+    group_size: int = 8
+    """Completions sampled per prompt (G)."""
+    prompts_per_step: int = 2
+    """Prompts per training step; the step's batch is prompts_per_step x group_size completions."""
+    max_new_tokens: int = 64
+    """Longest completion; longer ones are cut and counted as truncated."""
+    temperature: float = 1.0
+    """Sampling temperature; the policy being trained is softmax(logits / temperature)."""
+    top_p: float = 1.0
+    """Nucleus sampling mass (1.0 = off)."""
+    top_k: int = 0
+    """Top-k sampling (0 = off)."""
+    precision: Literal["same"] = "same"
+    """Precision of the sampling copy of the policy; 'same' samples with the trainer's weights."""
+    batch_size: int = 64
+    """Completions decoded together in one generation batch."""
+
+
+@dataclass
+class AdvantageConfig:
+    estimator: Literal["auto", "grpo", "no_std", "rloo"] = "auto"
+    """auto = the method's own choice; grpo = (r-mean)/(std+eps); no_std = r-mean (Dr.GRPO); rloo = leave-one-out."""
+    eps: float = 1e-6
+    """Added to the group std (grpo estimator)."""
+
+
+@dataclass
+class VerifierConfig:
+    timeout: float = 5.0
+    """Seconds a single completion may take to grade; past it the sample scores 0."""
+    workers: int = 2
+    """Grading worker processes."""
+    grader: str = "thinkrl.verifier:grade"
+    """module:function (completion, answer) -> (score, extracted answer or None), run in the workers."""
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 50
+    """Training steps; each is one rollout followed by its updates."""
+    lr: float = 1e-4
+    """Peak learning rate (LoRA needs ~10x the full fine-tuning rate)."""
+    seed: int = 0
+    """Seed for sampling, data order and initialisation; every step reseeds from (seed, step)."""
+    schedule: Literal["constant", "linear", "cosine"] = "constant"
+    """Learning-rate decay after warm-up."""
+    warmup_steps: int = 0
+    """Optimizer steps of linear warm-up."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    """AdamW betas."""
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this value (0 = off)."""
+    micro_batch_size: int = 8
+    """Sequences per forward/backward pass (memory knob; does not change the result)."""
+    mini_batches: int = 1
+    """Optimizer steps per pass over one rollout batch."""
+    epochs: int = 1
+    """Passes over each rollout batch; updates per rollout = mini_batches x epochs."""
+    save_every: int = 0
+    """Checkpoint every N steps (0 = only at the end)."""
+    keep_last: int = 2
+    """Checkpoints kept on disk (0 = keep all)."""
+
+
+@dataclass
+class LogConfig:
+    rollouts_every: int = 1
+    """Write the step's prompts, completions and rewards to rollouts.jsonl every N steps (0 = never)."""
+
+
+@dataclass
+class MethodSection:
+    name: str = "grpo"
+    """Policy-loss method (see `thinkrl methods`)."""
+    params: dict[str, Any] = field(default_factory=dict)
+    """The method's own hyperparameters (validated against its Config)."""
+
+
+@dataclass
+class Config:
+    method: MethodSection = field(default_factory=MethodSection)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    prompt: PromptConfig = field(default_factory=PromptConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
+    verifier: VerifierConfig = field(default_factory=VerifierConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+    output_dir: str | None = None
+    """Run directory; default runs/<timestamp>-<method>."""
+
+
+def all_keys(cls: type = Config, prefix: str = "") -> list[str]:
+    """Every dotted key of the config tree, e.g. 'train.lr'."""
+    keys = []
+    for f in dataclasses.fields(cls):
+        tp = hints(cls)[f.name]
+        if dataclasses.is_dataclass(tp) and tp is not MethodSection:
+            keys += all_keys(tp, f"{prefix}{f.name}.")
+        else:
+            keys.append(f"{prefix}{f.name}")
+    return keys
+
+
+def _set(cfg: Config, dotted: str, value: Any) -> None:
+    """Set one dotted key with type checking; `method.<x>` goes into the method's params."""
+    parts = dotted.split(".")
+    if parts[0] == "method" and len(parts) == 2:
+        if parts[1] == "name":
+            cfg.method.name = coerce(value, str, dotted)
+        elif parts[1] == "params":
+            cfg.method.params.update(coerce(value, dict, dotted))
+        else:  # validated later against the method's own Config
+            cfg.method.params[parts[1]] = value
+        return
+    obj: Any = cfg
+    for i, part in enumerate(parts):
+        names = [f.name for f in dataclasses.fields(obj)] if dataclasses.is_dataclass(obj) else []
+        if part not in names:
+            raise UserError(f"unknown config key '{dotted}'{closest(dotted, all_keys())}")
+        tp = hints(type(obj))[part]
+        if i == len(parts) - 1:
+            if dataclasses.is_dataclass(tp):
+                if not isinstance(value, dict):
+                    raise UserError(f"{dotted}: expected a mapping of its keys, got {value!r}")
+                for k, v in value.items():
+                    _set(cfg, f"{dotted}.{k}", v)
+            else:
+                setattr(obj, part, coerce(value, tp, dotted))
+        else:
+            obj = getattr(obj, part)
+
+
+def _flatten(d: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
+    """{'train': {'lr': 1}} -> [('train.lr', 1)]; the method section stays one level deep."""
+    out = []
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and key != "method.params" and not (prefix == "method." and k != "params"):
+            out += _flatten(v, key + ".")
+        else:
+            out.append((key, v))
+    return out
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """'train.lr=1e-4' -> ('train.lr', 1e-4)."""
+    if "=" not in text:
+        raise UserError(f"override {text!r} must look like key=value, e.g. -o train.lr=1e-4")
+    key, raw = text.split("=", 1)
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return key.strip(), value
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] = (), **shorthands: Any) -> Config:
+    """Defaults <- YAML file <- `key=value` overrides <- CLI shorthands (--method, --model, ...)."""
+    cfg = Config()
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise UserError(f"config file not found: {path}")
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise UserError(f"{path}: malformed YAML: {str(e).splitlines()[0]}") from None
+        if not isinstance(data, dict):
+            raise UserError(f"{path}: expected a mapping of config sections at the top level")
+        for key, value in _flatten(data):
+            _set(cfg, key, value)
+    for text in overrides:
+        _set(cfg, *parse_override(text))
+    for key, value in shorthands.items():
+        if value is not None:
+            _set(cfg, key, value)
+    return cfg
+
+
+def resolve(cfg: Config) -> Config:
+    """Validate cross-field rules and fill derived values (the method's full params, output_dir)."""
+    from thinkrl.methods import get_method  # late: methods import config helpers
+
+    method = get_method(cfg.method.name, **cfg.method.params)
+    cfg.method.params = method.config_dict()
+    r, t = cfg.rollout, cfg.train
+    checks = [
+        (r.group_size >= 1, "rollout.group_size must be >= 1"),
+        (r.prompts_per_step >= 1, "rollout.prompts_per_step must be >= 1"),
+        (r.max_new_tokens >= 1, "rollout.max_new_tokens must be >= 1"),
+        (r.temperature > 0, "rollout.temperature must be > 0 for training (sampling)"),
+        (0 < r.top_p <= 1, "rollout.top_p must be in (0, 1]"),
+        (t.steps >= 1, "train.steps must be >= 1"),
+        (t.lr > 0, "train.lr must be > 0"),
+        (t.micro_batch_size >= 1, "train.micro_batch_size must be >= 1"),
+        (t.mini_batches >= 1 and t.epochs >= 1, "train.mini_batches and train.epochs must be >= 1"),
+        (r.prompts_per_step * r.group_size >= t.mini_batches, "train.mini_batches exceeds the completions per step"),
+        (len(t.adam_betas) == 2, "train.adam_betas needs two values"),
+        (cfg.model.lora.rank >= 0, "model.lora.rank must be >= 0 (0 = full fine-tuning)"),
+        (cfg.verifier.timeout > 0 and cfg.verifier.workers >= 1, "verifier.timeout > 0 and verifier.workers >= 1"),
+    ]
+    for ok, msg in checks:
+        if not ok:
+            raise UserError(msg)
+    if cfg.output_dir is None:
+        cfg.output_dir = f"runs/{time.strftime('%Y%m%d-%H%M%S')}-{cfg.method.name}"
+    return cfg
+
+
+def to_dict(cfg: Config) -> dict[str, Any]:
+    d = dataclasses.asdict(cfg)
+    d["method"] = {"name": cfg.method.name, **cfg.method.params}
+    return d
+
+
+def save_config(cfg: Config, path: str | Path) -> None:
+    Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))

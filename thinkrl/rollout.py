@@ -1,0 +1,150 @@
+"""Sample G completions per prompt with the KV cache, recording each token's behaviour log-prob.
+
+behav_logp is log mu(y_t) under the distribution the token was actually drawn from: softmax(logits / T)
+after top-k / top-p truncation (greedy: the untempered softmax). Each prompt is prefilled once and its cache
+repeated G times; rows that have emitted EOS leave the decode batch, so a batch costs what its longest
+completion costs only for the rows still running.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+@dataclass
+class Sampling:
+    max_new_tokens: int
+    temperature: float = 1.0  # 0 = greedy
+    top_p: float = 1.0
+    top_k: int = 0
+
+
+@dataclass
+class Completions:
+    tokens: Tensor  # (B, T) completion ids, right-padded with pad_id
+    behav_logp: Tensor  # (B, T) log mu of each sampled token, 0 at padding
+    mask: Tensor  # (B, T) bool, 1 = generated token (EOS included)
+    lengths: Tensor  # (B,) generated tokens per row
+    truncated: Tensor  # (B,) bool, hit max_new_tokens without EOS
+
+
+class PolicySampler:
+    """The weights generation runs on: the policy itself (full fine-tuning) or, with LoRA, a plain copy
+    whose linear weights are W + scale * B @ A, refreshed before each rollout. Decoding through unmerged
+    adapters costs two extra matmuls per layer per token; the merge costs one small matmul per layer per step.
+    """
+
+    def __init__(self, policy) -> None:
+        self.model, self._pairs = policy, []
+        if hasattr(policy, "peft_config"):
+            from peft.tuners.lora import LoraLayer
+
+            merged = copy.deepcopy(policy).merge_and_unload().eval().requires_grad_(False)
+            targets = dict(merged.named_modules())
+            for name, module in policy.get_base_model().named_modules():
+                if isinstance(module, LoraLayer):
+                    self._pairs.append((module, targets[name]))
+            self.model = merged
+
+    @torch.no_grad()
+    def refresh(self):
+        """Copy the policy's current adapters into the merged weights; returns the model to sample with."""
+        for lora, target in self._pairs:
+            target.weight.copy_(lora.base_layer.weight + lora.get_delta_weight(lora.active_adapters[0]))
+        return self.model.eval()
+
+
+def _cache_kwarg(model) -> str:
+    """transformers renamed `past_key_values` to `cache` in 5.x; accept both."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def _sample(logits: Tensor, s: Sampling, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
+    """Draw one token per row; return (ids (B,), log-prob of each under the sampling distribution (B,))."""
+    logits = logits.float()  # (B, V)
+    if s.temperature == 0:
+        logp = torch.log_softmax(logits, -1)
+        ids = logp.argmax(-1)
+        return ids, logp.gather(-1, ids[:, None]).squeeze(-1)
+    logits = logits / s.temperature
+    if s.top_k > 0:
+        kth = torch.topk(logits, min(s.top_k, logits.shape[-1]), dim=-1).values[:, -1:]  # (B, 1)
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if s.top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
+        cum = torch.softmax(sorted_logits, -1).cumsum(-1)
+        drop_sorted = cum - torch.softmax(sorted_logits, -1) >= s.top_p  # keep the smallest set reaching top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    logp = torch.log_softmax(logits, -1)  # (B, V)
+    # Inverse-CDF draw: one uniform per row. (torch.multinomial over a 49k vocabulary cost ~20 ms per call
+    # on CPU, a third of a decode step.) right=True never lands on a zero-probability token.
+    cdf = logp.exp().cumsum(-1)  # (B, V)
+    u = torch.rand((logits.shape[0], 1), generator=generator, device=logits.device) * cdf[:, -1:]  # (B, 1)
+    ids = torch.searchsorted(cdf, u, right=True).clamp(max=logits.shape[-1] - 1).squeeze(-1)  # (B,)
+    return ids, logp.gather(-1, ids[:, None]).squeeze(-1)
+
+
+@torch.no_grad()
+def generate(
+    model,
+    prompts: list[list[int]],
+    group_size: int,
+    sampling: Sampling,
+    eos_ids: list[int],
+    pad_id: int,
+    generator: torch.Generator | None = None,
+) -> Completions:
+    """Completions for each prompt, `group_size` consecutive rows per prompt."""
+    from transformers import DynamicCache
+
+    device = next(model.parameters()).device
+    P, L = len(prompts), max(len(p) for p in prompts)
+    ids = torch.full((P, L), pad_id, dtype=torch.long)
+    attn = torch.zeros((P, L), dtype=torch.long)
+    for i, p in enumerate(prompts):  # left padding keeps every row's next position at the end
+        ids[i, L - len(p) :] = torch.tensor(p)
+        attn[i, L - len(p) :] = 1
+    ids, attn = ids.to(device), attn.to(device)
+    pos = (attn.cumsum(-1) - 1).clamp(min=0)  # (P, L)
+    cache = DynamicCache()  # filled in place by every forward below
+    kv = {_cache_kwarg(model): cache, "use_cache": True}
+    out = model(input_ids=ids, attention_mask=attn, position_ids=pos, logits_to_keep=1, **kv)
+    if group_size > 1:
+        cache.batch_repeat_interleave(group_size)
+    logits = out.logits[:, -1].repeat_interleave(group_size, 0)  # (B, V)
+    attn = attn.repeat_interleave(group_size, 0)  # (B, L)
+    next_pos = pos[:, -1].repeat_interleave(group_size, 0) + 1  # (B,)
+
+    B, T = P * group_size, sampling.max_new_tokens
+    tokens = torch.full((B, T), pad_id, dtype=torch.long, device=device)
+    behav = torch.zeros((B, T), dtype=torch.float32, device=device)
+    lengths = torch.zeros(B, dtype=torch.long, device=device)
+    finished = torch.zeros(B, dtype=torch.bool, device=device)
+    eos = torch.tensor(eos_ids, device=device)
+    rows = torch.arange(B, device=device)  # which original rows are still in the decode batch
+    for t in range(T):
+        tok, lp = _sample(logits, sampling, generator)  # (b,), (b,)
+        tokens[rows, t] = tok
+        behav[rows, t] = lp
+        lengths[rows] += 1
+        done = torch.isin(tok, eos)
+        finished[rows] |= done
+        if t == T - 1 or bool(done.all()):
+            break
+        if bool(done.any()):  # drop finished rows so later steps only decode live ones
+            keep = (~done).nonzero().squeeze(-1)
+            cache.batch_select_indices(keep)
+            rows, tok, attn, next_pos = rows[keep], tok[keep], attn[keep], next_pos[keep]
+        attn = torch.cat([attn, attn.new_ones((attn.shape[0], 1))], dim=-1)
+        out = model(input_ids=tok[:, None], attention_mask=attn, position_ids=next_pos[:, None], **kv)
+        logits = out.logits[:, -1]
+        next_pos = next_pos + 1
+    T_used = int(lengths.max())
+    mask = torch.arange(T, device=device)[None, :] < lengths[:, None]
+    return Completions(tokens[:, :T_used], behav[:, :T_used], mask[:, :T_used], lengths, ~finished)

@@ -1,0 +1,231 @@
+"""The GRPO-family training loop, read top to bottom.
+
+Each step: take prompts_per_step prompts, sample group_size completions for each with the current policy
+(recording behaviour log-probs), grade them in verifier worker processes, turn rewards into group-relative
+advantages, and update the policy with the chosen method's loss (thinkrl/methods/<name>.py). The loop never
+looks at the method's name: what a method needs beyond log-probs it declares in `method.requires`.
+
+Run:  thinkrl train                      (bundled SmolLM2-135M-Instruct, built-in arithmetic, grpo)
+      thinkrl train configs/demo.yaml --method dapo -o train.steps=100
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import random
+import signal
+import time
+from pathlib import Path
+
+import torch
+
+from thinkrl import checkpoint
+from thinkrl.advantages import compute_advantages
+from thinkrl.config import Config, resolve, save_config
+from thinkrl.data import build_prompts, load_problems, step_prompts
+from thinkrl.errors import UserError
+from thinkrl.logs import JsonlLog, console, progress, step_line
+from thinkrl.methods import get_method
+from thinkrl.models import load_base, load_policy, parameter_counts
+from thinkrl.rollout import PolicySampler, Sampling, generate
+from thinkrl.update import RolloutBatch, update
+from thinkrl.verifier import VerifierPool, load_grader
+
+
+def seed_step(seed: int, step: int, device: torch.device) -> torch.Generator:
+    """Reseed every RNG from (seed, step): any step replays identically, so resume needs no RNG files."""
+    s = (seed * 1_000_003 + step) % 2**63
+    random.seed(s)
+    torch.manual_seed(s)
+    return torch.Generator(device=device).manual_seed(s)
+
+
+def lr_lambda(cfg, total: int):
+    def f(i: int) -> float:
+        if i < cfg.warmup_steps:
+            return (i + 1) / cfg.warmup_steps
+        frac = (i - cfg.warmup_steps) / max(1, total - cfg.warmup_steps)
+        return {"constant": 1.0, "linear": 1.0 - frac, "cosine": 0.5 * (1 + math.cos(math.pi * frac))}[cfg.schedule]
+
+    return f
+
+
+def eos_ids(model, tok) -> list[int]:
+    ids = model.generation_config.eos_token_id if getattr(model, "generation_config", None) else None
+    ids = [ids] if isinstance(ids, int) else list(ids or [])
+    return sorted(set(ids + ([tok.eos_token_id] if tok.eos_token_id is not None else [])))
+
+
+def prepare_data(cfg: Config, tok, run_dir: Path):
+    loaded = load_problems(cfg.data)
+    prompts, too_long = build_prompts(loaded.problems, tok, cfg.prompt, cfg.data.max_prompt_tokens)
+    skipped = {**loaded.skipped, **({"prompt too long": too_long} if too_long else {})}
+    if not prompts:
+        raise UserError(f"every prompt of {cfg.data.name} is longer than data.max_prompt_tokens={cfg.data.max_prompt_tokens}; raise it")
+    report = {"dataset": cfg.data.name, "used": len(prompts), "skipped": skipped}
+    (run_dir / "data_report.json").write_text(json.dumps(report, indent=2))
+    note = ", ".join(f"{n} {why}" for why, n in skipped.items()) or "none"
+    console.print(f"data: {cfg.data.name}: {len(prompts)} prompts, skipped: {note}")
+    return prompts
+
+
+class StopFlag:
+    """First SIGINT/SIGTERM: finish the current step, checkpoint, exit. A second SIGINT interrupts at once."""
+
+    def __init__(self) -> None:
+        self.stop = False
+        self._old = {s: signal.signal(s, self._handle) for s in (signal.SIGINT, signal.SIGTERM)}
+
+    def _handle(self, signum, frame) -> None:
+        if self.stop and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.stop = True
+        console.print("[yellow]stopping after this step (checkpoint first); press Ctrl-C again to abort now[/]")
+
+    def restore(self) -> None:
+        for s, h in self._old.items():
+            signal.signal(s, h)
+
+
+def train(cfg: Config, resume: bool = False) -> Path:
+    from accelerate import Accelerator
+
+    cfg = resolve(cfg)
+    run_dir = Path(cfg.output_dir)
+    ckpt = checkpoint.latest(run_dir) if resume else None
+    if resume and ckpt is None:
+        console.print(f"no complete checkpoint in {run_dir}: starting from step 0")
+    if not resume and (run_dir / "metrics.jsonl").exists():
+        raise UserError(f"{run_dir} already holds a run; continue it with --resume {run_dir} or pick a new --output-dir")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    save_config(cfg, run_dir / "config.yaml")
+
+    # --- setup: accelerator, model, method, data, optimizer
+    accelerator = Accelerator(cpu=not torch.cuda.is_available())
+    device = accelerator.device
+    seed_step(cfg.train.seed, 0, device)  # LoRA init is part of the run's seed
+    model, tok = load_policy(cfg.model, device)
+    trainable, total = parameter_counts(model)
+    console.print(f"model: {cfg.model.name} on {device}, {trainable:,} of {total:,} parameters trainable")
+    method = get_method(cfg.method.name, **cfg.method.params)
+    estimator = method.advantage if cfg.advantage.estimator == "auto" else cfg.advantage.estimator
+    prompts = prepare_data(cfg, tok, run_dir)
+    tc, rc = cfg.train, cfg.rollout
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=tc.lr, betas=tuple(tc.adam_betas), weight_decay=tc.weight_decay)
+    total_updates = tc.steps * tc.mini_batches * tc.epochs
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(tc, total_updates))
+    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    ref_model = _reference(cfg, model, device) if "ref_logp" in method.requires else None
+    start = 0
+    metrics_log, rollouts_log = JsonlLog(run_dir / "metrics.jsonl"), JsonlLog(run_dir / "rollouts.jsonl")
+    if ckpt is not None:
+        start = checkpoint.load(ckpt, accelerator.unwrap_model(model), optimizer, scheduler, method)["step"]
+        console.print(f"resuming {run_dir} from {ckpt.name}")
+    metrics_log.truncate_after(start)
+    rollouts_log.truncate_after(start)
+    sampling = Sampling(rc.max_new_tokens, rc.temperature, rc.top_p, rc.top_k)
+    eos, pad = eos_ids(accelerator.unwrap_model(model), tok), tok.pad_token_id
+    sampler = PolicySampler(accelerator.unwrap_model(model))
+
+    def save(step: int) -> None:
+        state = {"seed": tc.seed, "method": cfg.method.name}
+        checkpoint.save(run_dir, step, accelerator.unwrap_model(model), tok, optimizer, scheduler, method, state, tc.keep_last)
+
+    flag = StopFlag()
+    try:
+        with VerifierPool(cfg.verifier.workers, cfg.verifier.timeout, grade_fn=load_grader(cfg.verifier.grader)) as pool, progress() as bar:
+            task = bar.add_task(cfg.method.name, total=tc.steps, completed=start, info="")
+            for step in range(start, tc.steps):
+                t0 = time.perf_counter()
+                generator = seed_step(tc.seed, step + 1, device)
+                batch = step_prompts(prompts, step, rc.prompts_per_step, tc.seed)
+
+                # 1. rollout: G completions per prompt, with behaviour log-probs
+                comp = generate(sampler.refresh(), [p.ids for p in batch], rc.group_size, sampling, eos, pad, generator)
+                t1 = time.perf_counter()
+
+                # 2. score: rewards (B,) from the verifier workers
+                texts = tok.batch_decode([row[m].tolist() for row, m in zip(comp.tokens, comp.mask)], skip_special_tokens=True)
+                answers = [p.answer for p in batch for _ in range(rc.group_size)]
+                rewards, vstats = pool.score(texts, answers)
+                rewards = torch.tensor(rewards, dtype=torch.float32)
+                t2 = time.perf_counter()
+
+                # 3. advantages (B,) and 4. update
+                adv, astats = compute_advantages(rewards, rc.group_size, estimator, cfg.advantage.eps)
+                rb = RolloutBatch([p.ids for p in batch for _ in range(rc.group_size)], comp, adv.to(device))
+                upd = update(model, method, optimizer, scheduler, accelerator, rb, cfg, pad, generator, ref_model)
+                t3 = time.perf_counter()
+
+                # 5. log, checkpoint
+                n_tok = int(comp.lengths.sum())
+                lengths = comp.lengths.float()
+                record = {
+                    "step": step + 1,
+                    "reward/mean": rewards.mean().item(),
+                    "reward/std": rewards.std().item() if len(rewards) > 1 else 0.0,
+                    **{k: v for k, v in upd.items()},
+                    "length/mean": lengths.mean().item(),
+                    "length/max": int(lengths.max()),
+                    "length/min": int(lengths.min()),
+                    "length/truncated_frac": comp.truncated.float().mean().item(),
+                    **astats,
+                    "verifier/timeouts": vstats["timeouts"],
+                    "verifier/crashes": vstats["crashes"],
+                    "time/generate": t1 - t0,
+                    "time/score": t2 - t1,
+                    "time/update": t3 - t2,
+                    "time/step": t3 - t0,
+                    "tokens/s": n_tok / (t3 - t0),
+                    "generate/tokens_per_s": n_tok / max(t1 - t0, 1e-9),
+                }
+                metrics_log.write(record)
+                if cfg.log.rollouts_every and (step + 1) % cfg.log.rollouts_every == 0:
+                    rollouts_log.write(_rollout_records(step + 1, batch, texts, rewards, adv, comp, rc.group_size))
+                bar.console.print(step_line(record, tc.steps))
+                bar.update(task, advance=1, info=f"reward {record['reward/mean']:.3f}")
+                done = step + 1 == tc.steps
+                if done or (tc.save_every and (step + 1) % tc.save_every == 0) or flag.stop:
+                    save(step + 1)
+                if flag.stop and not done:
+                    console.print(f"stopped after step {step + 1}; continue with: thinkrl train --resume {run_dir}")
+                    break
+    finally:
+        flag.restore()
+    console.print(f"run directory: {run_dir}")
+    return run_dir
+
+
+def _reference(cfg: Config, model, device):
+    """Context manager factory yielding the reference policy: the base model (LoRA: adapters disabled)."""
+    if cfg.model.lora.rank > 0:
+        return lambda: _adapters_off(model)
+    ref, _ = load_base(cfg.model.name, next(model.parameters()).dtype)
+    ref = ref.to(device).eval().requires_grad_(False)
+    return lambda: contextlib.nullcontext(ref)
+
+
+@contextlib.contextmanager
+def _adapters_off(model):
+    base = model.module if hasattr(model, "module") else model
+    with base.disable_adapter():
+        yield base
+
+
+def _rollout_records(step, batch, texts, rewards, adv, comp, G) -> list[dict]:
+    return [
+        {
+            "step": step,
+            "prompt_id": batch[i // G].id,
+            "prompt": batch[i // G].problem,
+            "answer": batch[i // G].answer,
+            "completion": text,
+            "reward": rewards[i].item(),
+            "advantage": adv[i].item(),
+            "length": int(comp.lengths[i]),
+            "truncated": bool(comp.truncated[i]),
+        }
+        for i, text in enumerate(texts)
+    ]
