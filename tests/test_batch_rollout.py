@@ -32,7 +32,11 @@ def test_token_batch_checks_shapes_and_grad():
 
 def naive_logprobs(model, prompts, completions, temperature):
     """Reference: full logits for the whole sequence, then gather."""
-    ids, attn, pos, Lp = batch_mod.pack(prompts, completions, pad_id=0)
+    p_ids, p_attn, _ = batch_mod.left_pad(prompts, 0, "cpu")
+    Lp = p_ids.shape[1]
+    ids = torch.cat([p_ids, completions], 1)  # [left-padded prompt | completion] per row
+    attn = torch.cat([p_attn, torch.ones_like(completions)], 1)
+    pos = (attn.cumsum(-1) - 1).clamp(min=0)
     logits = model(input_ids=ids, attention_mask=attn, position_ids=pos).logits.float() / temperature
     T = completions.shape[1]
     logp_all = torch.log_softmax(logits[:, Lp - 1 : Lp - 1 + T], -1)
@@ -42,13 +46,17 @@ def naive_logprobs(model, prompts, completions, temperature):
 
 
 @pytest.mark.parametrize("chunk_elems", [2**25, 7 * 105])  # one chunk, and chunks of 7 rows (checkpointed)
-def test_chunked_logprobs_and_entropy_match_full_logits(tiny, monkeypatch, chunk_elems):
+@pytest.mark.parametrize("rows", [[0, 1], [0, 0, 1, 1, 0]])  # distinct prompts, and prompts shared by several rows
+def test_chunked_logprobs_and_entropy_match_full_logits(tiny, monkeypatch, chunk_elems, rows):
     model, _ = tiny
     monkeypatch.setattr(batch_mod, "CHUNK_ELEMS", chunk_elems)
-    completions = torch.tensor([[10, 11, 12, 1, 0, 0], [20, 21, 22, 23, 24, 25]])
-    mask = torch.tensor([[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1]]).bool()
-    logp, ent = token_logprobs(model, PROMPTS, completions, mask, pad_id=0, temperature=0.7, entropy=True)
-    ref_logp, ref_ent = naive_logprobs(model, PROMPTS, completions, 0.7)
+    prompts = [PROMPTS[r] for r in rows]
+    g = torch.Generator().manual_seed(len(rows))
+    lengths = torch.tensor([4, 6, 2, 5, 6][: len(rows)])
+    mask = torch.arange(6)[None, :] < lengths[:, None]  # (B, 6)
+    completions = torch.where(mask, torch.randint(7, 100, (len(rows), 6), generator=g), 0)
+    logp, ent = token_logprobs(model, prompts, completions, mask, pad_id=0, temperature=0.7, entropy=True)
+    ref_logp, ref_ent = naive_logprobs(model, prompts, completions, 0.7)
     assert torch.allclose(logp[mask], ref_logp[mask], atol=1e-5)
     assert torch.allclose(ent[mask], ref_ent[mask], atol=1e-5)
     assert (logp[~mask] == 0).all()

@@ -79,7 +79,7 @@ def test_prompts_chat_and_plain(tiny_model_dir, tiny_plain_model_dir):
     text, chat = render_prompt("What is 1 + 2?", chat_tok, PromptConfig(system="Be brief.", instruction="{problem} Box it: \\boxed{}"))
     assert chat and text == "<|system|>Be brief.\n<|user|>What is 1 + 2? Box it: \\boxed{}\n<|assistant|>"
     plain_tok = AutoTokenizer.from_pretrained(tiny_plain_model_dir)
-    text, chat = render_prompt("What is 1 + 2?", plain_tok, PromptConfig())
+    text, chat = render_prompt("What is 1 + 2?", plain_tok, PromptConfig(instruction="{problem}"))
     assert not chat and text == "Question: What is 1 + 2?\nAnswer:"
     with pytest.raises(UserError, match="no chat template"):
         render_prompt("x", plain_tok, PromptConfig(template="chat"))
@@ -92,7 +92,7 @@ def test_too_long_prompts_are_dropped_and_counted(tiny_model_dir):
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     problems = [Problem("a", "short", "1"), Problem("b", "long " * 50, "1")]
-    prompts, dropped = build_prompts(problems, tok, PromptConfig(), max_tokens=40)
+    prompts, dropped = build_prompts(problems, tok, PromptConfig(instruction="{problem}"), max_tokens=40)
     assert [p.id for p in prompts] == ["a"] and dropped == 1
     assert tok.decode(prompts[0].ids) == prompts[0].text
 

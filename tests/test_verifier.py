@@ -21,6 +21,15 @@ TABLE = [
     ("\\boxed{4", "4", 0.0),  # unbalanced box: nothing well-formed to grade
     ("}{}{\\\\ $$ \\frac{", "1", 0.0),  # malformed LaTeX
     ("\\boxed{\\sqrt{2}}", "\\sqrt{2}", 1.0),
+    # integer answers must be stated as numbers: restating the question's expression is not an answer
+    ("66 + 24 is a classic example of addition", "90", 0.0),
+    ("\\boxed{5+5}", "10", 0.0),
+    ("\\boxed{2 \\cdot 45}", "90", 0.0),
+    ("66 + 24 = 90", "90", 1.0),
+    ("\\boxed{90 \\text{ apples}}", "90", 1.0),
+    ("\\boxed{\\frac{180}{2}}", "90", 1.0),
+    ("\\boxed{-5}", "-5", 1.0),
+    ("\\boxed{5.0}", "5", 1.0),
     ("\\boxed{(1, 2)}", "(1,2)", 1.0),
 ]
 

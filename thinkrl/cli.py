@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -29,14 +28,14 @@ def main(debug: bool = typer.Option(False, "--debug", help="Show full tracebacks
 
 @app.command()
 def train(
-    config: Optional[Path] = typer.Argument(None, help="YAML config (only what differs from the defaults)."),
-    method: Optional[str] = typer.Option(None, "--method", "-m", help="Policy-loss method (see `thinkrl methods`)."),
-    model: Optional[str] = typer.Option(None, "--model", help="Hub id, local path, or alias smollm2-135m."),
-    dataset: Optional[str] = typer.Option(None, "--dataset", help="arith, an alias, a hub id or a .jsonl/.parquet/.csv file."),
-    output_dir: Optional[Path] = typer.Option(None, "--output-dir", "-O", help="Run directory (default runs/<time>-<method>)."),
+    config: Path | None = typer.Argument(None, help="YAML config (only what differs from the defaults)."),
+    method: str | None = typer.Option(None, "--method", "-m", help="Policy-loss method (see `thinkrl methods`)."),
+    model: str | None = typer.Option(None, "--model", help="Hub id, local path, or alias smollm2-135m."),
+    dataset: str | None = typer.Option(None, "--dataset", help="arith, an alias, a hub id or a .jsonl/.parquet/.csv file."),
+    output_dir: Path | None = typer.Option(None, "--output-dir", "-O", help="Run directory (default runs/<time>-<method>)."),
     override: list[str] = typer.Option([], "--override", "-o", help="key=value, e.g. -o train.lr=1e-4 (repeatable)."),
-    resume: Optional[Path] = typer.Option(None, "--resume", help="Continue RUN_DIR from its newest complete checkpoint."),
-    plugins: Optional[Path] = typer.Option(None, "--plugins", help="Directory of extra method files."),
+    resume: Path | None = typer.Option(None, "--resume", help="Continue RUN_DIR from its newest complete checkpoint."),
+    plugins: Path | None = typer.Option(None, "--plugins", help="Directory of extra method files."),
 ) -> None:
     """Train a policy with GRPO-family RL. With no arguments: bundled model, built-in arithmetic, grpo."""
     from thinkrl.config import load_config
@@ -60,24 +59,24 @@ def train(
 @app.command("eval")
 def eval_(
     model: str = typer.Option("smollm2-135m", "--model", help="Hub id, local path, alias, RUN_DIR or RUN_DIR/checkpoints/step-N."),
-    dataset: Optional[str] = typer.Option(None, "--dataset", help="arith, an alias, a hub id or a file (default: the run's dataset)."),
-    output: Optional[Path] = typer.Option(None, "--output", help="Output directory (default RUN_DIR/eval/<dataset> or eval/<dataset>)."),
+    dataset: str | None = typer.Option(None, "--dataset", help="arith, an alias, a hub id or a file (default: the run's dataset)."),
+    output: Path | None = typer.Option(None, "--output", help="Output directory (default RUN_DIR/eval/<dataset> or eval/<dataset>)."),
     n: int = typer.Option(1, "--n", help="Samples per problem."),
     limit: int = typer.Option(0, "--limit", help="Evaluate the first K problems (0 = all)."),
-    max_new_tokens: int = typer.Option(512, "--max-new-tokens", help="Completion budget."),
-    temperature: Optional[float] = typer.Option(None, "--temperature", help="Default: 0 (greedy) when n = 1, else 0.6."),
+    max_new_tokens: int | None = typer.Option(None, "--max-new-tokens", help="Completion budget (default: the run's own budget on its own dataset, else 512)."),
+    temperature: float | None = typer.Option(None, "--temperature", help="Default: 0 (greedy) when n = 1, else 0.6."),
     top_p: float = typer.Option(1.0, "--top-p"),
     seed: int = typer.Option(0, "--seed"),
-    split: Optional[str] = typer.Option(None, "--split", help="Dataset split (arith: test by default)."),
-    config: Optional[Path] = typer.Option(None, "--config", help="Take prompt template and task settings from this train config."),
-    adapter: Optional[Path] = typer.Option(None, "--adapter", help="A peft adapter directory to apply to --model."),
+    split: str | None = typer.Option(None, "--split", help="Dataset split (arith: test by default)."),
+    config: Path | None = typer.Option(None, "--config", help="Take prompt template and task settings from this train config."),
+    adapter: Path | None = typer.Option(None, "--adapter", help="A peft adapter directory to apply to --model."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
 ) -> None:
     """Evaluate a model or a training run: avg@n and pass@k over a dataset."""
     from thinkrl.config import load_config
     from thinkrl.evaluate import EvalSettings, evaluate, find_checkpoint
 
-    if n < 1 or max_new_tokens < 1 or limit < 0:
+    if n < 1 or (max_new_tokens is not None and max_new_tokens < 1) or limit < 0:
         raise UserError("--n and --max-new-tokens must be >= 1 and --limit >= 0")
     cfg = load_config(config) if config else None
     settings = EvalSettings(model, dataset or "", split, n, limit, max_new_tokens, temperature, top_p, seed, adapter=str(adapter) if adapter else None)
@@ -98,8 +97,8 @@ def eval_(
 
 @app.command()
 def methods(
-    name: Optional[str] = typer.Argument(None, help="Show one method's documentation and config fields."),
-    plugins: Optional[Path] = typer.Option(None, "--plugins", help="Directory of extra method files."),
+    name: str | None = typer.Argument(None, help="Show one method's documentation and config fields."),
+    plugins: Path | None = typer.Option(None, "--plugins", help="Directory of extra method files."),
 ) -> None:
     """List the registered policy-loss methods, or describe one."""
     from thinkrl.methods import available_methods, load_plugins, method_class

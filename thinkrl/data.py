@@ -14,9 +14,10 @@ import csv
 import json
 import random
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from thinkrl.config import ArithConfig, DataConfig, PromptConfig
 from thinkrl.errors import UserError

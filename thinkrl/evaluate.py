@@ -32,7 +32,7 @@ class EvalSettings:
     split: str | None = None
     n: int = 1
     limit: int = 0
-    max_new_tokens: int = 512
+    max_new_tokens: int | None = None  # None: the train config's budget on its own dataset, else 512
     temperature: float | None = None  # None: greedy when n == 1, else 0.6
     top_p: float = 1.0
     seed: int = 0
@@ -86,7 +86,11 @@ def evaluate(s: EvalSettings, output: Path, cfg: Config | None = None) -> dict:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model, tok, run_cfg = load_for_eval(s.model, s.adapter, device)
     cfg = cfg or run_cfg or Config()
-    data_cfg = DataConfig(**{**asdict(cfg.data), "name": s.dataset or cfg.data.name, "limit": s.limit, "arith": cfg.data.arith})
+    own_dataset = s.dataset in ("", None, cfg.data.name)
+    s.dataset = s.dataset or cfg.data.name
+    if s.max_new_tokens is None:
+        s.max_new_tokens = cfg.rollout.max_new_tokens if own_dataset else 512
+    data_cfg = DataConfig(**{**asdict(cfg.data), "name": s.dataset, "limit": s.limit, "arith": cfg.data.arith})
     split = s.split or ("test" if data_cfg.name == "arith" else None)
     loaded = load_problems(data_cfg, split)
     prompts, too_long = build_prompts(loaded.problems, tok, cfg.prompt, max_tokens=10**9)
@@ -141,7 +145,7 @@ def _summarise(rows: list[dict], s: EvalSettings, temperature: float, cfg: Confi
     metrics["length/mean"] = sum(r["length"] for r in rows) / max(len(rows), 1)
     metrics["truncated_frac"] = sum(r["truncated"] for r in rows) / max(len(rows), 1)
     return {
-        "dataset": s.dataset or cfg.data.name,
+        "dataset": s.dataset,
         "problems": len(by_id),
         "samples": len(rows),
         "metrics": metrics,

@@ -9,11 +9,12 @@ completion costs only for the rows still running.
 from __future__ import annotations
 
 import copy
-import inspect
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+
+from thinkrl.batch import cache_kwarg, left_pad
 
 
 @dataclass
@@ -59,11 +60,6 @@ class PolicySampler:
         return self.model.eval()
 
 
-def _cache_kwarg(model) -> str:
-    """transformers renamed `past_key_values` to `cache` in 5.x; accept both."""
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-
-
 def _sample(logits: Tensor, s: Sampling, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
     """Draw one token per row; return (ids (B,), log-prob of each under the sampling distribution (B,))."""
     logits = logits.float()  # (B, V)
@@ -104,16 +100,10 @@ def generate(
     from transformers import DynamicCache
 
     device = next(model.parameters()).device
-    P, L = len(prompts), max(len(p) for p in prompts)
-    ids = torch.full((P, L), pad_id, dtype=torch.long)
-    attn = torch.zeros((P, L), dtype=torch.long)
-    for i, p in enumerate(prompts):  # left padding keeps every row's next position at the end
-        ids[i, L - len(p) :] = torch.tensor(p)
-        attn[i, L - len(p) :] = 1
-    ids, attn = ids.to(device), attn.to(device)
-    pos = (attn.cumsum(-1) - 1).clamp(min=0)  # (P, L)
+    P = len(prompts)
+    ids, attn, pos = left_pad(prompts, pad_id, device)  # (P, L): every row's next position is at the end
     cache = DynamicCache()  # filled in place by every forward below
-    kv = {_cache_kwarg(model): cache, "use_cache": True}
+    kv = {cache_kwarg(model): cache, "use_cache": True}
     out = model(input_ids=ids, attention_mask=attn, position_ids=pos, logits_to_keep=1, **kv)
     if group_size > 1:
         cache.batch_repeat_interleave(group_size)

@@ -155,7 +155,7 @@ def train(cfg: Config, resume: bool = False) -> Path:
 
                 # 3. advantages (B,) and 4. update
                 adv, astats = compute_advantages(rewards, rc.group_size, estimator, cfg.advantage.eps)
-                rb = RolloutBatch([p.ids for p in batch for _ in range(rc.group_size)], comp, adv.to(device))
+                rb = RolloutBatch([p.ids for p in batch for _ in range(rc.group_size)], comp, adv.to(device), rc.group_size)
                 upd = update(model, method, optimizer, scheduler, accelerator, rb, cfg, pad, generator, ref_model)
                 t3 = time.perf_counter()
 
@@ -184,7 +184,7 @@ def train(cfg: Config, resume: bool = False) -> Path:
                 metrics_log.write(record)
                 if cfg.log.rollouts_every and (step + 1) % cfg.log.rollouts_every == 0:
                     rollouts_log.write(_rollout_records(step + 1, batch, texts, rewards, adv, comp, rc.group_size))
-                bar.console.print(step_line(record, tc.steps))
+                bar.console.print(step_line(record, tc.steps), soft_wrap=True)
                 bar.update(task, advance=1, info=f"reward {record['reward/mean']:.3f}")
                 done = step + 1 == tc.steps
                 if done or (tc.save_every and (step + 1) % tc.save_every == 0) or flag.stop:

@@ -9,8 +9,8 @@ losses use the mini-batch's global token and sequence counts, so the split never
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 from torch import Tensor
@@ -24,11 +24,14 @@ class RolloutBatch:
     prompt_ids: list[list[int]]  # B prompts (each repeated G times)
     comp: Completions  # (B, T) tokens, behav_logp, mask
     advantages: Tensor  # (B,)
+    group_size: int  # rows g*G .. g*G+G-1 answer prompt g
 
 
-def _micro_batches(rows: Tensor, lengths: Tensor, size: int) -> list[Tensor]:
-    """Rows sorted by completion length, cut into micro-batches (less padding per forward)."""
-    order = rows[torch.argsort(lengths[rows], descending=True, stable=True)]
+def _micro_batches(rows: Tensor, lengths: Tensor, size: int, group_size: int) -> list[Tensor]:
+    """Rows ordered by prompt group, longest completion first within a group, cut into micro-batches:
+    a group's completions share one prompt forward, and similar lengths pad less."""
+    key = (rows // group_size) * (lengths.max() + 1) - lengths[rows]
+    order = rows[torch.argsort(key, stable=True)]
     return list(order.split(size))
 
 
@@ -46,7 +49,7 @@ def _full_pass(model, rb: RolloutBatch, size: int, pad_id: int, temperature: flo
     B, T = rb.comp.tokens.shape
     logp = torch.zeros((B, T), device=rb.comp.tokens.device)
     ent = torch.zeros((B, T), device=rb.comp.tokens.device)
-    for rows in _micro_batches(torch.arange(B), rb.comp.lengths.cpu(), size):
+    for rows in _micro_batches(torch.arange(B), rb.comp.lengths.cpu(), size, rb.group_size):
         lp, e, t = _forward(model, rb, rows, pad_id, temperature, entropy)
         logp[rows, :t] = lp
         if e is not None:
@@ -77,7 +80,7 @@ def update(model, method, optimizer, scheduler, accelerator, rb: RolloutBatch, c
         for mini in order.chunk(tc.mini_batches):
             num_tokens, num_seqs = int(rb.comp.mask[mini].sum()), len(mini)
             loss_sum = 0.0
-            for rows in _micro_batches(mini, lengths, tc.micro_batch_size):
+            for rows in _micro_batches(mini, lengths, tc.micro_batch_size, rb.group_size):
                 logp, ent, T = _forward(model, rb, rows, pad_id, temperature, entropy=True)
                 mask = rb.comp.mask[rows, :T]
                 batch = TokenBatch(

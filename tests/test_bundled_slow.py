@@ -1,0 +1,41 @@
+"""End to end on the bundled SmolLM2-135M-Instruct (slow: about a minute per run on 2 CPU cores)."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from thinkrl.cli import app
+from thinkrl.logs import read_jsonl
+
+pytestmark = pytest.mark.slow
+
+SMALL = ["-o", "rollout.max_new_tokens=16", "-o", "rollout.group_size=4", "-o", "verifier.workers=1"]
+
+
+def invoke(args):
+    result = CliRunner().invoke(app, args, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return result
+
+
+def test_train_two_steps_then_eval_the_run(tmp_path):
+    out = tmp_path / "run"
+    invoke(["train", "--method", "grpo", "-o", "train.steps=2", "--output-dir", str(out), *SMALL])
+    metrics = read_jsonl(out / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == [1, 2]
+    assert all(m["length/mean"] > 0 and m["time/generate"] > 0 for m in metrics)
+    assert (out / "config.yaml").is_file() and read_jsonl(out / "rollouts.jsonl")
+    invoke(["eval", "--model", str(out), "--limit", "4", "--max-new-tokens", "16"])
+    summary = json.loads((out / "eval" / "arith" / "summary.json").read_text())
+    assert summary["problems"] == 4
+
+
+def test_resume_matches_an_uninterrupted_run(tmp_path):
+    keys = ["reward/mean", "loss", "grad_norm", "entropy", "length/mean"]
+    invoke(["train", "-o", "train.steps=4", "--output-dir", str(tmp_path / "a"), *SMALL])
+    invoke(["train", "-o", "train.steps=2", "--output-dir", str(tmp_path / "b"), *SMALL])
+    invoke(["train", "--resume", str(tmp_path / "b"), "-o", "train.steps=4"])
+    a = [{k: m[k] for k in keys} for m in read_jsonl(tmp_path / "a" / "metrics.jsonl")]
+    b = [{k: m[k] for k in keys} for m in read_jsonl(tmp_path / "b" / "metrics.jsonl")]
+    assert len(a) == 4 and a == b
