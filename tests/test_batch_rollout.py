@@ -137,3 +137,26 @@ def test_merged_sampler_matches_the_lora_policy(tiny_model_dir):
                 p.data.add_(0.3)  # the policy moves; refresh must follow
         assert not torch.allclose(model(input_ids=ids).logits, policy(input_ids=ids).logits, atol=1e-3)
         assert torch.allclose(sampler.refresh()(input_ids=ids).logits, policy(input_ids=ids).logits, atol=1e-5)
+
+
+def test_shared_prompt_gradients_are_bitwise_reproducible():
+    """Rows sharing a prompt must not use advanced-indexing backward (thread-order accumulation on CPU):
+    the same batch has to give the same gradient bits every time, or resume and reruns drift."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=64, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4)
+    model = LlamaForCausalLM(cfg)
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(3, 64, (120,), generator=g).tolist()] * 16
+    completions = torch.randint(3, 64, (16, 12), generator=g)
+    mask = torch.ones(16, 12, dtype=torch.bool)
+
+    def grad():
+        model.zero_grad()
+        logp, _ = token_logprobs(model, prompts, completions, mask, pad_id=0, temperature=1.0)
+        (logp * torch.linspace(-1, 1, 16)[:, None]).sum().backward()
+        return torch.cat([p.grad.flatten() for p in model.parameters()])
+
+    first = grad()
+    assert all(torch.equal(first, grad()) for _ in range(5))

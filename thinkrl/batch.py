@@ -148,13 +148,16 @@ def token_logprobs(
     kv = {cache_kwarg(body): cache, "use_cache": True}
     h_prompt = body(input_ids=p_ids, attention_mask=p_attn, position_ids=p_pos, **kv).last_hidden_state[:, -1]  # (U, H)
     if len(slot) < len(prompts):
-        cache.batch_select_indices(which)
+        # index_select, not cache.batch_select_indices: the backward of advanced indexing with repeated
+        # indices accumulates in a thread-dependent order on CPU, which made runs irreproducible
+        for layer in cache.layers:
+            layer.keys, layer.values = layer.keys.index_select(0, which), layer.values.index_select(0, which)
     B, T = completions.shape
     attn = torch.cat([p_attn[which], torch.ones((B, T), dtype=torch.long, device=completions.device)], dim=1)  # (B, Lp + T)
     pos = p_pos[which, -1:] + 1 + torch.arange(T, device=completions.device)  # (B, T)
     h_comp = body(input_ids=completions, attention_mask=attn, position_ids=pos, **kv).last_hidden_state  # (B, T, H)
     # the state before each generated token predicts it: last prompt state, then completion states 0..T-2
-    h = torch.cat([h_prompt[which][:, None], h_comp[:, :-1]], dim=1)[mask]  # (N, H)
+    h = torch.cat([h_prompt.index_select(0, which)[:, None], h_comp[:, :-1]], dim=1)[mask]  # (N, H)
     y = completions[mask]  # (N,)
     rows = max(1, CHUNK_ELEMS // head.weight.shape[0])
     parts_lp, parts_ent = [], []
