@@ -104,3 +104,14 @@ def test_methods_lists_names_with_one_line_each():
     assert any(line.startswith("grpo ") for line in result.stdout.splitlines())
     detail = run_cli("methods", "grpo")
     assert "arXiv 2402.03300" in detail.stdout and "clip_high = 0.2" in detail.stdout
+
+
+def test_periodic_eval_during_training(tiny_model_dir, tmp_path):
+    out = tmp_path / "run"
+    invoke(tiny_args(tiny_model_dir, out, 2, "-o", "eval.every=1", "-o", "eval.limit=3"))
+    metrics = read_jsonl(out / "metrics.jsonl")
+    assert all("eval/arith/avg@1" in m and "time/eval" in m for m in metrics)
+    for step in (1, 2):
+        summary = json.loads((out / "eval" / f"step-{step}" / "arith" / "summary.json").read_text())
+        assert summary["problems"] == 3 and summary["settings"]["preset"] == "train"
+        assert summary["settings"]["grader"] == "helpers:length_reward"  # the run's own grader

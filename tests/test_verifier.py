@@ -81,3 +81,35 @@ def test_pool_survives_a_worker_crash():
         scores, _, stats = pool.grade(["crash", "\\boxed{3}", "\\boxed{2}"], ["1", "3", "2"])
     assert scores == [0.0, 1.0, 1.0]
     assert stats["crashes"] == 1
+
+
+# MATH-500-style LaTeX answers, and AIME integers (the eval grading table of the eval issue)
+MATH_TABLE = [
+    ("\\boxed{\\left( 3, \\frac{\\pi}{2} \\right)}", "\\left( 3, \\frac{\\pi}{2} \\right)", 1.0),  # tuple
+    ("\\boxed{(3, \\pi/2)}", "\\left( 3, \\frac{\\pi}{2} \\right)", 1.0),
+    ("\\boxed{(-\\infty, 2]}", "(-\\infty,2]", 1.0),  # interval
+    ("\\boxed{(-\\infty, 2)}", "(-\\infty,2]", 0.0),  # open vs closed end
+    ("\\boxed{\\dfrac{14}{3}}", "\\frac{14}{3}", 1.0),
+    ("\\boxed{2\\sqrt{3}}", "\\sqrt{12}", 1.0),
+    ("\\boxed{90^\\circ}", "90", 1.0),  # degrees
+    ("\\boxed{10\\text{ cm}}", "10", 1.0),  # text units
+    ("\\boxed{\\$18}", "18", 1.0),
+    ("\\boxed{x^2+2x+1}", "(x+1)^2", 1.0),
+    ("The final answer is $\\boxed{033}$", "33", 1.0),  # AIME leading zeros
+    ("\\boxed{33.5}", "33", 0.0),
+]
+
+
+@pytest.mark.parametrize("completion, gold, expected", MATH_TABLE)
+def test_math500_style_table(completion, gold, expected):
+    assert score(completion, gold) == expected
+
+
+def test_power_tower_returns_within_the_time_limit_and_scores_zero():
+    tower = "\\boxed{" + "9^{" * 12 + "9" + "}" * 12 + "}"
+    with VerifierPool(workers=1, timeout=3.0) as pool:
+        start = time.monotonic()
+        scores, stats = pool.score([tower, "\\boxed{7}"], ["5", "7"])
+        elapsed = time.monotonic() - start
+    assert scores == [0.0, 1.0]
+    assert elapsed < 3.0 + 30  # the limit plus, at most, restarting one worker

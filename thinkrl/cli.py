@@ -59,40 +59,60 @@ def train(
 @app.command("eval")
 def eval_(
     model: str = typer.Option("smollm2-135m", "--model", help="Hub id, local path, alias, RUN_DIR or RUN_DIR/checkpoints/step-N."),
-    dataset: str | None = typer.Option(None, "--dataset", help="arith, an alias, a hub id or a file (default: the run's dataset)."),
+    dataset: str | None = typer.Option(None, "--dataset", help="Comma-separated: arith, aime24, aime25, amc23, math500, gsm8k, hub ids or files (default: the run's dataset)."),
+    preset: str = typer.Option("auto", "--preset", help="auto | train | greedy | reasoning (see README); flags below override it."),
     output: Path | None = typer.Option(None, "--output", help="Output directory (default RUN_DIR/eval/<dataset> or eval/<dataset>)."),
-    n: int = typer.Option(1, "--n", help="Samples per problem."),
+    n: int | None = typer.Option(None, "--n", help="Samples per problem."),
     limit: int = typer.Option(0, "--limit", help="Evaluate the first K problems (0 = all)."),
-    max_new_tokens: int | None = typer.Option(None, "--max-new-tokens", help="Completion budget (default: the run's own budget on its own dataset, else 512)."),
-    temperature: float | None = typer.Option(None, "--temperature", help="Default: 0 (greedy) when n = 1, else 0.6."),
-    top_p: float = typer.Option(1.0, "--top-p"),
+    max_new_tokens: int | None = typer.Option(None, "--max-new-tokens", help="Completion budget (clipped to the context window)."),
+    temperature: float | None = typer.Option(None, "--temperature", help="0 = greedy."),
+    top_p: float | None = typer.Option(None, "--top-p"),
+    system: str | None = typer.Option(None, "--system", help="System prompt ('none' removes the preset's)."),
+    instruction: str | None = typer.Option(None, "--instruction", help="User message; {problem} is replaced by the problem."),
+    template: str | None = typer.Option(None, "--template", help="auto | chat | plain"),
     seed: int = typer.Option(0, "--seed"),
-    split: str | None = typer.Option(None, "--split", help="Dataset split (arith: test by default)."),
-    config: Path | None = typer.Option(None, "--config", help="Take prompt template and task settings from this train config."),
+    split: str | None = typer.Option(None, "--split", help="Dataset split (arith: test; aliases: their own)."),
+    batch_size: int = typer.Option(64, "--batch-size", help="Completions decoded together."),
+    config: Path | None = typer.Option(None, "--config", help="Take the prompt template and task settings from this train config."),
     adapter: Path | None = typer.Option(None, "--adapter", help="A peft adapter directory to apply to --model."),
-    as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
+    as_json: bool = typer.Option(False, "--json", help="Print the summaries as JSON."),
 ) -> None:
-    """Evaluate a model or a training run: avg@n and pass@k over a dataset."""
+    """Evaluate a model or a training run: avg@n, pass@k and maj@n per dataset."""
     from thinkrl.config import load_config
-    from thinkrl.evaluate import EvalSettings, evaluate, find_checkpoint
+    from thinkrl.evaluate import EvalSettings, evaluate
 
-    if n < 1 or (max_new_tokens is not None and max_new_tokens < 1) or limit < 0:
-        raise UserError("--n and --max-new-tokens must be >= 1 and --limit >= 0")
+    if limit < 0 or batch_size < 1:
+        raise UserError("--limit must be >= 0 and --batch-size >= 1")
+    if template not in (None, "auto", "chat", "plain"):
+        raise UserError(f"--template {template!r}: choose auto, chat or plain")
     cfg = load_config(config) if config else None
-    settings = EvalSettings(model, dataset or "", split, n, limit, max_new_tokens, temperature, top_p, seed, adapter=str(adapter) if adapter else None)
-    if output is None:
-        found = find_checkpoint(model)
-        name = Path(dataset or (cfg.data.name if cfg else "arith")).stem
-        output = (found[0] / "eval" / name) if found else Path("eval") / name
-    summary = evaluate(settings, output, cfg)
+    settings = EvalSettings(
+        model=model, dataset="", preset=preset, split=split, n=n, temperature=temperature, top_p=top_p,
+        max_new_tokens=max_new_tokens, template=template, system=system, instruction=instruction, seed=seed,
+        limit=limit, batch_size=batch_size, adapter=str(adapter) if adapter else None,
+    )
+    datasets = [d.strip() for d in dataset.split(",") if d.strip()] if dataset else []
+    summaries = evaluate(settings, datasets, output, cfg)
     if as_json:
-        print(json.dumps(summary, indent=2))
+        print(json.dumps(summaries if len(summaries) > 1 else summaries[0], indent=2))
     else:
-        from thinkrl.logs import console
+        _print_table(summaries)
 
-        metrics = "  ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in summary["metrics"].items())
-        console.print(f"{summary['dataset']}: {summary['problems']} problems, {summary['samples']} samples  {metrics}")
-        console.print(f"written: {output}/summary.json, {output}/samples.jsonl")
+
+def _print_table(summaries: list[dict]) -> None:
+    from rich.table import Table
+
+    from thinkrl.logs import console
+
+    keys = list(dict.fromkeys(k for s in summaries for k in s["metrics"] if not k.endswith(("_low", "_high"))))
+    table = Table(title="thinkrl eval")
+    for col in ["dataset", "problems", *keys]:
+        table.add_column(col, justify="left" if col == "dataset" else "right")
+    for s in summaries:
+        m = s["metrics"]
+        cells = [f"{m[k]:.3f}" if k in m and isinstance(m[k], float) else str(m.get(k, "")) for k in keys]
+        table.add_row(Path(s["dataset"]).stem, str(s["problems"]), *cells)
+    console.print(table)
 
 
 @app.command()

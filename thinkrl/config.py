@@ -160,6 +160,22 @@ class TrainConfig:
 
 
 @dataclass
+class EvalConfig:
+    every: int = 0
+    """Evaluate every N steps and after the last one (0 = never); results go to RUN_DIR/eval/step-N/."""
+    datasets: list[str] = field(default_factory=list)
+    """Datasets to evaluate (see `thinkrl eval --dataset`); empty = the training task's held-out split."""
+    n: int | None = None
+    """Samples per problem (None = the preset's)."""
+    limit: int = 0
+    """Problems per dataset (0 = all)."""
+    preset: str = "auto"
+    """auto | train | greedy | reasoning, as for `thinkrl eval --preset`."""
+    max_new_tokens: int | None = None
+    """Completion budget (None = the preset's)."""
+
+
+@dataclass
 class LogConfig:
     rollouts_every: int = 1
     """Write the step's prompts, completions and rewards to rollouts.jsonl every N steps (0 = never)."""
@@ -184,6 +200,7 @@ class Config:
     verifier: VerifierConfig = field(default_factory=VerifierConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     log: LogConfig = field(default_factory=LogConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
     output_dir: str | None = None
     """Run directory; default runs/<timestamp>-<method>."""
 
@@ -297,6 +314,8 @@ def resolve(cfg: Config) -> Config:
         (len(t.adam_betas) == 2, "train.adam_betas needs two values"),
         (cfg.model.lora.rank >= 0, "model.lora.rank must be >= 0 (0 = full fine-tuning)"),
         (cfg.verifier.timeout > 0 and cfg.verifier.workers >= 1, "verifier.timeout > 0 and verifier.workers >= 1"),
+        (cfg.eval.every >= 0 and cfg.eval.limit >= 0, "eval.every and eval.limit must be >= 0"),
+        (cfg.eval.preset in ("auto", "train", "greedy", "reasoning"), f"eval.preset={cfg.eval.preset!r}: choose auto, train, greedy or reasoning"),
     ]
     for ok, msg in checks:
         if not ok:

@@ -2,7 +2,8 @@
 
 Sources, by `data.name`:
   arith              built-in, seeded arithmetic ("What is 27 + 82?"); train and test splits are disjoint
-  a dataset alias    gsm8k, math, math500, aime24, aime25, amc23, dapo17k (hub ids and columns below)
+  a dataset alias    gsm8k, math, math500, aime24, aime25, amc23, dapo17k (hub ids and columns below);
+                     $THINKRL_DATA_DIR/<alias>.jsonl or <alias>_<split>.jsonl is used instead when present
   a file             .jsonl / .json / .parquet / .csv with problem/answer columns (names configurable)
   anything else      a Hugging Face dataset id (needs the hub; a clear error when it is unreachable)
 Rows with a missing answer, or whose prompt exceeds data.max_prompt_tokens, are skipped and counted.
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import random
 import re
 from collections.abc import Callable
@@ -163,6 +165,19 @@ def _read_file(path: Path) -> tuple[list[dict[str, Any]], int]:
     raise UserError(f"{path}: unsupported file type {suffix!r}; use .jsonl, .json, .parquet or .csv")
 
 
+def _local_alias(name: str, split: str) -> Path | None:
+    """$THINKRL_DATA_DIR/<alias>.jsonl (or <alias>_<split>.jsonl, or .parquet): offline copies of aliases."""
+    root = os.environ.get("THINKRL_DATA_DIR")
+    if not root:
+        return None
+    for stem in (f"{name}_{split}", name):
+        for suffix in (".jsonl", ".parquet"):
+            path = Path(root).expanduser() / f"{stem}{suffix}"
+            if path.is_file():
+                return path
+    return None
+
+
 def _read_hub(spec_path: str, subset: str | None, split: str) -> list[dict[str, Any]]:
     try:
         import datasets
@@ -192,8 +207,14 @@ def load_problems(cfg: DataConfig, split: str | None = None) -> Loaded:
             skipped["unreadable row"] = bad
     elif name in ALIASES:
         spec = ALIASES[name]
-        rows = _read_hub(spec.path, spec.subset, split or spec.split)
-        problem_key, answer_key, answer_fn = spec.problem_key, spec.answer_key, spec.answer_fn
+        local = _local_alias(name, split or spec.split)
+        rows, bad = _read_file(local) if local else (_read_hub(spec.path, spec.subset, split or spec.split), 0)
+        if bad:
+            skipped["unreadable row"] = bad
+        if spec.problem_key in rows[0] and spec.answer_key in rows[0]:  # the hub's own columns
+            problem_key, answer_key, answer_fn = spec.problem_key, spec.answer_key, spec.answer_fn
+        else:  # a prepared {problem, answer} copy
+            problem_key, answer_key = "problem", "answer"
     elif path.suffix in (".jsonl", ".json", ".parquet", ".csv") or name.startswith((".", "/", "~")):
         raise UserError(f"dataset file not found: {name}")
     else:

@@ -1,50 +1,91 @@
-"""`thinkrl eval`: sample n completions per problem, grade them, report avg@n and pass@k.
+"""`thinkrl eval`: sample n completions per problem, grade them, report avg@n, pass@k and maj@n.
 
-Writes OUTPUT/samples.jsonl (one line per completion) and OUTPUT/summary.json (metrics plus every setting
-that changes a number). Rerunning into the same OUTPUT resumes: samples already in samples.jsonl are not
-generated again, so an interrupted evaluation loses at most one generation batch.
+Every choice that changes a number is explicit and recorded: a preset names a standard protocol and each
+of its settings can be overridden flag by flag; summary.json stores the resolved settings and package
+versions. Per dataset, OUTPUT holds samples.jsonl (one line per completion) and summary.json. Rerunning
+into the same OUTPUT resumes: samples already in samples.jsonl are not generated again (and a rerun with
+different settings is refused rather than mixed in).
+
+Presets (anchors.md D2):
+  greedy     T=0, n=1, 3,000 new tokens, Qwen-Math system prompt asking for a \\boxed{} answer (Dr.GRPO/oat)
+  reasoning  T=0.6, top_p=0.95, n=16, 32,768 new tokens (clipped to the context window), the DeepSeek-R1
+             instruction in the user turn and no system prompt (open-r1 / lighteval; use --n 32 for avg@32)
+  train      the run's own prompt template and completion budget, greedy (its training task's held-out split)
+  auto       (default) train on the run's own dataset, greedy on any other
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
-import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
 
 from thinkrl import checkpoint
-from thinkrl.config import Config, DataConfig, load_config
+from thinkrl.config import Config, DataConfig, PromptConfig, load_config
 from thinkrl.data import build_prompts, load_problems
 from thinkrl.errors import UserError
-from thinkrl.logs import JsonlLog, console, read_jsonl
+from thinkrl.eval_metrics import summarise
+from thinkrl.logs import JsonlLog, console, progress, read_jsonl
 from thinkrl.models import load_base, resolve_dtype
 from thinkrl.rollout import Sampling, generate
-from thinkrl.verifier import VerifierPool
+
+STEP_BY_STEP = "Please reason step by step, and put your final answer within \\boxed{}."
+PRESETS = {
+    "greedy": dict(n=1, temperature=0.0, top_p=1.0, max_new_tokens=3000, template="auto", system=STEP_BY_STEP, instruction="{problem}"),
+    "reasoning": dict(n=16, temperature=0.6, top_p=0.95, max_new_tokens=32768, template="auto", system=None, instruction="{problem}\n" + STEP_BY_STEP),
+}
+# settings that change the numbers: a resumed evaluation must match on all of them
+_SAME_ON_RESUME = ("model", "adapter", "dataset", "split", "n", "temperature", "top_p", "max_new_tokens", "seed", "template", "system", "instruction", "grader")
 
 
 @dataclass
 class EvalSettings:
     model: str
     dataset: str
+    preset: str = "auto"
     split: str | None = None
-    n: int = 1
-    limit: int = 0
-    max_new_tokens: int | None = None  # None: the train config's budget on its own dataset, else 512
-    temperature: float | None = None  # None: greedy when n == 1, else 0.6
-    top_p: float = 1.0
+    n: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    max_new_tokens: int | None = None
+    template: str | None = None
+    system: str | None = None
+    instruction: str | None = None
     seed: int = 0
+    limit: int = 0
     batch_size: int = 64  # completions decoded together
     adapter: str | None = None
+    grader: str = "thinkrl.verifier:grade"
 
 
-def pass_at_k(n: int, c: int, k: int) -> float:
-    """Unbiased estimator 1 - C(n-c, k) / C(n, k) (Chen et al. 2021)."""
-    if n - c < k:
-        return 1.0
-    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+def resolve_settings(s: EvalSettings, cfg: Config) -> EvalSettings:
+    """Fill every None from the preset; 'auto' picks 'train' on the config's own dataset, else 'greedy'."""
+    preset = s.preset
+    if preset == "auto":
+        preset = "train" if s.dataset in ("", cfg.data.name) else "greedy"
+    if preset == "train":
+        base = dict(n=1, temperature=0.0, top_p=1.0, max_new_tokens=cfg.rollout.max_new_tokens, **asdict(cfg.prompt))
+    elif preset in PRESETS:
+        base = PRESETS[preset]
+    else:
+        raise UserError(f"unknown --preset {s.preset!r}; choose auto, train, {', '.join(PRESETS)}")
+    filled = {k: (getattr(s, k) if getattr(s, k) is not None else v) for k, v in base.items()}
+    if s.system == "none":  # `--system none` removes the preset's system prompt
+        filled["system"] = None
+    out = replace(s, preset=preset, dataset=s.dataset or cfg.data.name, **filled)
+    if out.n < 1 or out.max_new_tokens < 1 or not 0 < out.top_p <= 1 or out.temperature < 0:
+        raise UserError("--n and --max-new-tokens must be >= 1, --top-p in (0, 1], --temperature >= 0")
+    if out.n > 1 and out.temperature == 0:
+        if s.temperature is None:  # n samples of a greedy preset would be n copies: sample as `reasoning` does
+            out = replace(out, temperature=PRESETS["reasoning"]["temperature"], top_p=s.top_p or PRESETS["reasoning"]["top_p"])
+            console.print(f"note: --n {out.n} with the {preset} preset: sampling at temperature {out.temperature}, top_p {out.top_p} (set --temperature to choose)")
+        else:
+            console.print("[yellow]warning: n > 1 with temperature 0 gives n identical greedy samples[/]")
+    return out
 
 
 def find_checkpoint(model_arg: str) -> tuple[Path, Path] | None:
@@ -78,77 +119,126 @@ def load_for_eval(model_arg: str, adapter: str | None, device: torch.device):
     else:
         model, tok = load_base(model_arg, dtype)
     if adapter:
+        if not Path(adapter, "adapter_config.json").is_file():
+            raise UserError(f"--adapter {adapter}: no adapter_config.json there (expected a peft adapter directory)")
         model = PeftModel.from_pretrained(model, adapter).merge_and_unload()
     return model.to(device).eval(), tok, run_cfg
 
 
-def evaluate(s: EvalSettings, output: Path, cfg: Config | None = None) -> dict:
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    model, tok, run_cfg = load_for_eval(s.model, s.adapter, device)
-    cfg = cfg or run_cfg or Config()
-    own_dataset = s.dataset in ("", None, cfg.data.name)
-    s.dataset = s.dataset or cfg.data.name
-    if s.max_new_tokens is None:
-        s.max_new_tokens = cfg.rollout.max_new_tokens if own_dataset else 512
-    data_cfg = DataConfig(**{**asdict(cfg.data), "name": s.dataset, "limit": s.limit, "arith": cfg.data.arith})
-    split = s.split or ("test" if data_cfg.name == "arith" else None)
-    loaded = load_problems(data_cfg, split)
-    prompts, too_long = build_prompts(loaded.problems, tok, cfg.prompt, max_tokens=10**9)
-    temperature = s.temperature if s.temperature is not None else (0.0 if s.n == 1 else 0.6)
-    sampling = Sampling(s.max_new_tokens, temperature, s.top_p)
-    output.mkdir(parents=True, exist_ok=True)
-    samples_log = JsonlLog(output / "samples.jsonl")
-    done = {(r["id"], r["sample"]) for r in read_jsonl(samples_log.path)} if samples_log.path.exists() else set()
-    todo = [p for p in sorted(prompts, key=lambda p: len(p.ids)) if any((p.id, k) not in done for k in range(s.n))]
-    if done:
-        console.print(f"resuming: {len(done)} samples already in {samples_log.path}")
-    eos = sorted({tok.eos_token_id, *([model.generation_config.eos_token_id] if isinstance(model.generation_config.eos_token_id, int) else model.generation_config.eos_token_id or [])} - {None})
-    per_batch = max(1, s.batch_size // s.n)
-    t0, new_tokens = time.perf_counter(), 0
-    with VerifierPool() as pool:
-        from thinkrl.logs import progress
+def versions() -> dict[str, str]:
+    out = {}
+    for pkg in ("thinkrl", "torch", "transformers", "peft", "math-verify", "sympy"):
+        try:
+            out[pkg] = importlib.metadata.version(pkg)
+        except importlib.metadata.PackageNotFoundError:
+            out[pkg] = "not installed"
+    return out
 
-        with progress() as bar:
-            task = bar.add_task("eval", total=len(todo) * s.n, info="")
-            for b in range(0, len(todo), per_batch):
-                chunk = todo[b : b + per_batch]
-                gen = torch.Generator(device=device).manual_seed(s.seed * 1_000_003 + b)
-                comp = generate(model, [p.ids for p in chunk], s.n, sampling, eos, tok.pad_token_id, gen)
-                texts = tok.batch_decode([row[m].tolist() for row, m in zip(comp.tokens, comp.mask)], skip_special_tokens=True)
-                scores, extracted, _ = pool.grade(texts, [p.answer for p in chunk for _ in range(s.n)])
-                new_tokens += int(comp.lengths.sum())
-                records = []
-                for i, text in enumerate(texts):
-                    p, k = chunk[i // s.n], i % s.n
-                    if (p.id, k) in done:
-                        continue
+
+def eval_dataset(model, tok, s: EvalSettings, data_cfg: DataConfig, out_dir: Path, pool) -> dict:
+    """Generate, grade and summarise one dataset into out_dir (resuming what is already there)."""
+    split = s.split or ("test" if data_cfg.name == "arith" else None)
+    loaded = load_problems(replace(data_cfg, name=s.dataset, limit=s.limit), split)
+    prompt_cfg = PromptConfig(template=s.template, system=s.system, instruction=s.instruction)
+    prompts, _ = build_prompts(loaded.problems, tok, prompt_cfg, max_tokens=10**9)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    settings = {**asdict(s), "dtype": str(next(model.parameters()).dtype).replace("torch.", "")}
+    _check_resume(out_dir, settings)
+    (out_dir / "settings.json").write_text(json.dumps(settings, indent=2))
+    log = JsonlLog(out_dir / "samples.jsonl")
+    done = {(r["id"], r["sample"]) for r in read_jsonl(log.path)} if log.path.exists() else set()
+    todo = [p for p in sorted(prompts, key=lambda p: len(p.ids)) if any((p.id, k) not in done for k in range(s.n))]
+    context = getattr(model.config, "max_position_embeddings", None) or 10**9
+    eos = sorted({tok.eos_token_id, *_as_list(model.generation_config.eos_token_id)} - {None})
+    per_batch, clipped, new_tokens, correct, graded = max(1, s.batch_size // s.n), 0, 0, 0, 0
+    t0 = time.perf_counter()
+    with progress() as bar:
+        task = bar.add_task(s.dataset, total=len(todo) * s.n, info="")
+        for b in range(0, len(todo), per_batch):
+            chunk = todo[b : b + per_batch]
+            budget = min(s.max_new_tokens, context - max(len(p.ids) for p in chunk))
+            if budget < s.max_new_tokens:
+                clipped += len(chunk)
+            if budget < 1:
+                raise UserError(f"{s.dataset}: a prompt of {max(len(p.ids) for p in chunk)} tokens fills the model's {context}-token context")
+            gen = torch.Generator(device=model.device).manual_seed(s.seed * 1_000_003 + b)
+            sampling = Sampling(budget, s.temperature, s.top_p)
+            comp = generate(model, [p.ids for p in chunk], s.n, sampling, eos, tok.pad_token_id, gen)
+            texts = tok.batch_decode([row[m].tolist() for row, m in zip(comp.tokens, comp.mask)], skip_special_tokens=True)
+            scores, extracted, _ = pool.grade(texts, [p.answer for p in chunk for _ in range(s.n)])
+            records = []
+            for i, text in enumerate(texts):
+                p, k = chunk[i // s.n], i % s.n
+                if (p.id, k) not in done:
                     records.append({"id": p.id, "sample": k, "completion": text, "extracted": extracted[i], "gold": p.answer,
                                     "correct": scores[i] == 1.0, "length": int(comp.lengths[i]), "truncated": bool(comp.truncated[i])})
-                samples_log.write(records)
-                bar.update(task, advance=len(texts), info=f"{new_tokens / (time.perf_counter() - t0):.0f} tok/s")
-    rows = [r for r in read_jsonl(samples_log.path) if r["id"] in {p.id for p in prompts}]
-    summary = _summarise(rows, s, temperature, cfg, loaded.skipped, too_long)
-    (output / "summary.json").write_text(json.dumps(summary, indent=2))
+            log.write(records)
+            new_tokens += int(comp.lengths.sum())
+            correct, graded = correct + sum(r["correct"] for r in records), graded + len(records)
+            info = f"acc {correct / max(graded, 1):.3f}  {new_tokens / (time.perf_counter() - t0):.0f} tok/s"
+            bar.update(task, advance=len(texts), info=info)
+    if clipped:
+        console.print(f"[yellow]warning: {s.dataset}: max_new_tokens={s.max_new_tokens} did not fit the {context}-token context "
+                      f"for {clipped} prompts; their budget was clipped to context minus prompt length[/]")
+    ids = {p.id for p in prompts}
+    rows = [r for r in read_jsonl(log.path) if r["id"] in ids]
+    summary = {
+        "dataset": s.dataset, "problems": len(ids), "samples": len(rows), "metrics": summarise(rows, s.n),
+        "settings": {**settings, "context_window": context, "clipped_prompts": clipped},
+        "skipped": loaded.skipped, "versions": versions(),
+    }
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
 
 
-def _summarise(rows: list[dict], s: EvalSettings, temperature: float, cfg: Config, skipped: dict, too_long: int) -> dict:
-    by_id: dict[str, list[dict]] = {}
-    for r in rows:
-        by_id.setdefault(r["id"], []).append(r)
-    n = s.n
-    metrics = {f"avg@{n}": sum(r["correct"] for r in rows) / max(len(rows), 1)}
-    k = 1
-    while k <= n:
-        metrics[f"pass@{k}"] = sum(pass_at_k(len(v), sum(r["correct"] for r in v), k) for v in by_id.values()) / max(len(by_id), 1)
-        k *= 2
-    metrics["length/mean"] = sum(r["length"] for r in rows) / max(len(rows), 1)
-    metrics["truncated_frac"] = sum(r["truncated"] for r in rows) / max(len(rows), 1)
-    return {
-        "dataset": s.dataset,
-        "problems": len(by_id),
-        "samples": len(rows),
-        "metrics": metrics,
-        "settings": {**asdict(s), "temperature": temperature, "prompt": asdict(cfg.prompt)},
-        "skipped": {**skipped, **({"prompt too long": too_long} if too_long else {})},
-    }
+def _as_list(x) -> list:
+    return [] if x is None else [x] if isinstance(x, int) else list(x)
+
+
+def _check_resume(out_dir: Path, settings: dict) -> None:
+    path = out_dir / "settings.json"
+    if not path.is_file() or not (out_dir / "samples.jsonl").is_file():
+        return
+    old = json.loads(path.read_text())
+    diff = [k for k in _SAME_ON_RESUME if old.get(k) != settings.get(k)]
+    if diff:
+        k = diff[0]
+        raise UserError(f"{out_dir} holds samples made with {k}={old.get(k)!r} (now {settings.get(k)!r}); use a new --output to evaluate other settings")
+    if old.get("limit") != settings.get("limit"):
+        console.print(f"note: --limit changed from {old.get('limit')} to {settings.get('limit')}; finished samples are kept")
+
+
+def eval_during_training(model, tok, cfg: Config, run_dir: Path, step: int, pool) -> dict[str, float]:
+    """Periodic evaluation from the training loop (eval.*): RUN_DIR/eval/step-N/<dataset>/; flat metrics."""
+    out: dict[str, float] = {}
+    for name in cfg.eval.datasets or [cfg.data.name]:
+        s = EvalSettings(model=str(run_dir), dataset=name, preset=cfg.eval.preset, n=cfg.eval.n, limit=cfg.eval.limit,
+                         max_new_tokens=cfg.eval.max_new_tokens, grader=cfg.verifier.grader)
+        s = resolve_settings(s, cfg)
+        summary = eval_dataset(model, tok, s, cfg.data, run_dir / "eval" / f"step-{step}" / Path(s.dataset).stem, pool)
+        for k, v in summary["metrics"].items():
+            if not k.endswith(("_low", "_high")):
+                out[f"eval/{Path(s.dataset).stem}/{k}"] = v
+    return out
+
+
+def evaluate(s: EvalSettings, datasets: list[str], output: Path | None, cfg: Config | None = None) -> list[dict]:
+    """Evaluate `s.model` on each dataset; output/<dataset>/ per dataset (output itself when there is one)."""
+    from thinkrl.verifier import VerifierPool
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model, tok, run_cfg = load_for_eval(s.model, s.adapter, device)
+    base = cfg or run_cfg or Config()
+    found = find_checkpoint(s.model)
+    summaries = []
+    with VerifierPool() as pool:
+        for name in datasets or [base.data.name]:
+            settings = resolve_settings(replace(s, dataset=name), base)
+            stem = Path(settings.dataset).stem
+            if output is None:
+                out_dir = (found[0] / "eval" / stem) if found else Path("eval") / stem
+            else:
+                out_dir = output if len(datasets) <= 1 else output / stem
+            summaries.append(eval_dataset(model, tok, settings, base.data, out_dir, pool))
+            console.print(f"written: {out_dir}/summary.json, {out_dir}/samples.jsonl")
+    return summaries

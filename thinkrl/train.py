@@ -26,6 +26,7 @@ from thinkrl.advantages import compute_advantages
 from thinkrl.config import Config, resolve, save_config
 from thinkrl.data import build_prompts, load_problems, step_prompts
 from thinkrl.errors import UserError
+from thinkrl.evaluate import eval_during_training
 from thinkrl.logs import JsonlLog, console, progress, step_line
 from thinkrl.methods import get_method
 from thinkrl.models import load_base, load_policy, parameter_counts
@@ -159,7 +160,12 @@ def train(cfg: Config, resume: bool = False) -> Path:
                 upd = update(model, method, optimizer, scheduler, accelerator, rb, cfg, pad, generator, ref_model)
                 t3 = time.perf_counter()
 
-                # 5. log, checkpoint
+                # 5. evaluate (eval.every), log, checkpoint
+                done = step + 1 == tc.steps
+                evals = {}
+                if cfg.eval.every and ((step + 1) % cfg.eval.every == 0 or done):
+                    evals = eval_during_training(sampler.refresh(), tok, cfg, run_dir, step + 1, pool)
+                    evals["time/eval"] = time.perf_counter() - t3
                 n_tok = int(comp.lengths.sum())
                 lengths = comp.lengths.float()
                 record = {
@@ -180,13 +186,13 @@ def train(cfg: Config, resume: bool = False) -> Path:
                     "time/step": t3 - t0,
                     "tokens/s": n_tok / (t3 - t0),
                     "generate/tokens_per_s": n_tok / max(t1 - t0, 1e-9),
+                    **evals,
                 }
                 metrics_log.write(record)
                 if cfg.log.rollouts_every and (step + 1) % cfg.log.rollouts_every == 0:
                     rollouts_log.write(_rollout_records(step + 1, batch, texts, rewards, adv, comp, rc.group_size))
                 bar.console.print(step_line(record, tc.steps), soft_wrap=True)
                 bar.update(task, advance=1, info=f"reward {record['reward/mean']:.3f}")
-                done = step + 1 == tc.steps
                 if done or (tc.save_every and (step + 1) % tc.save_every == 0) or flag.stop:
                     save(step + 1)
                 if flag.stop and not done:

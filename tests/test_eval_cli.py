@@ -1,0 +1,99 @@
+"""`thinkrl eval` on the tiny model: presets, outputs, resume without regeneration, settings checks."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+import thinkrl.evaluate as evaluate_mod
+from thinkrl.cli import app
+from thinkrl.config import Config
+from thinkrl.errors import UserError
+from thinkrl.evaluate import EvalSettings, resolve_settings
+from thinkrl.logs import read_jsonl
+
+SAMPLE_FIELDS = {"id", "sample", "completion", "extracted", "gold", "correct", "length", "truncated"}
+SETTING_FIELDS = {"model", "adapter", "dataset", "preset", "n", "temperature", "top_p", "max_new_tokens", "seed",
+                  "template", "system", "instruction", "dtype", "grader", "context_window"}
+
+
+@pytest.fixture
+def aime_like(tmp_path):
+    path = tmp_path / "aime_like.jsonl"
+    rows = [{"id": f"p{i}", "problem": f"Find {i} + {i}.", "answer": f"{2 * i:03d}"} for i in range(5)]
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return path
+
+
+def invoke(*args):
+    result = CliRunner().invoke(app, ["eval", *args], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return result
+
+
+def test_eval_writes_samples_and_summary_and_resumes_without_generating(tiny_model_dir, aime_like, tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    args = ["--model", str(tiny_model_dir), "--dataset", str(aime_like), "--n", "2", "--limit", "3",
+            "--max-new-tokens", "6", "--temperature", "1.0", "--output", str(out)]
+    invoke(*args)
+    samples = read_jsonl(out / "samples.jsonl")
+    assert len(samples) == 6 and SAMPLE_FIELDS <= set(samples[0])
+    assert samples[0]["gold"] == "000"  # gold kept as written; graded as the integer 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert {"avg@2", "pass@1", "pass@2", "maj@2", "length/mean", "truncated_frac", "avg@2_ci95_low"} <= set(summary["metrics"])
+    assert SETTING_FIELDS <= set(summary["settings"]), SETTING_FIELDS - set(summary["settings"])
+    assert {"torch", "transformers", "math-verify"} <= set(summary["versions"])
+    assert summary["settings"]["preset"] == "greedy" and summary["settings"]["n"] == 2
+
+    calls = []
+    real = evaluate_mod.generate
+    monkeypatch.setattr(evaluate_mod, "generate", lambda *a, **k: calls.append(1) or real(*a, **k))
+    invoke(*args)
+    assert calls == [] and read_jsonl(out / "samples.jsonl") == samples  # nothing regenerated
+    invoke(*[a if a != "3" else "5" for a in args])  # a larger --limit generates only the new problems
+    assert len(calls) == 1 and len(read_jsonl(out / "samples.jsonl")) == 10
+
+
+def test_resume_with_other_settings_is_refused(tiny_model_dir, aime_like, tmp_path):
+    out = tmp_path / "out"
+    base = ["--model", str(tiny_model_dir), "--dataset", str(aime_like), "--limit", "2", "--max-new-tokens", "4", "--output", str(out)]
+    invoke(*base)
+    with pytest.raises(UserError, match="temperature"):
+        CliRunner().invoke(app, ["eval", *base, "--temperature", "0.7"], catch_exceptions=False)
+
+
+def test_several_datasets_get_one_directory_each(tiny_model_dir, aime_like, tmp_path):
+    out = tmp_path / "out"
+    result = invoke("--model", str(tiny_model_dir), "--dataset", f"{aime_like},arith", "--limit", "2", "--max-new-tokens", "4", "--output", str(out), "--json")
+    assert (out / "aime_like" / "summary.json").is_file() and (out / "arith" / "summary.json").is_file()
+    assert [s["dataset"] for s in json.loads(result.stdout)] == [str(aime_like), "arith"]
+
+
+def test_presets_and_flag_overrides():
+    cfg = Config()
+    greedy = resolve_settings(EvalSettings(model="m", dataset="aime24"), cfg)
+    assert (greedy.preset, greedy.n, greedy.temperature, greedy.max_new_tokens) == ("greedy", 1, 0.0, 3000)
+    assert "boxed" in greedy.system
+    reasoning = resolve_settings(EvalSettings(model="m", dataset="aime24", preset="reasoning", n=32), cfg)
+    assert (reasoning.n, reasoning.temperature, reasoning.top_p) == (32, 0.6, 0.95) and reasoning.system is None
+    own = resolve_settings(EvalSettings(model="m", dataset=""), cfg)
+    assert own.preset == "train" and own.dataset == "arith" and own.max_new_tokens == cfg.rollout.max_new_tokens
+    assert resolve_settings(EvalSettings(model="m", dataset="x", system="none"), cfg).system is None
+    with pytest.raises(UserError, match="unknown --preset"):
+        resolve_settings(EvalSettings(model="m", dataset="x", preset="fast"), cfg)
+
+
+def test_context_window_clips_the_budget_with_a_warning(tiny_model_dir, aime_like, tmp_path):
+    out = tmp_path / "out"
+    result = invoke("--model", str(tiny_model_dir), "--dataset", str(aime_like), "--limit", "1", "--max-new-tokens", "100000", "--output", str(out))
+    assert "clipped" in result.output
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["settings"]["clipped_prompts"] == 1 and summary["settings"]["context_window"] == 512
+
+
+def test_local_alias_copies_via_thinkrl_data_dir(tiny_model_dir, tmp_path, monkeypatch):
+    (tmp_path / "aime24.jsonl").write_text(json.dumps({"id": "x", "problem": "What is 1 + 1?", "answer": "2"}) + "\n")
+    monkeypatch.setenv("THINKRL_DATA_DIR", str(tmp_path))
+    out = tmp_path / "out"
+    invoke("--model", str(tiny_model_dir), "--dataset", "aime24", "--max-new-tokens", "4", "--output", str(out))
+    assert json.loads((out / "summary.json").read_text())["problems"] == 1
