@@ -65,6 +65,17 @@ def test_finite_scalar_and_detached_metrics(method_name):
         assert torch.isfinite(v).all(), k
 
 
+def test_rollout_correction_weights_scale_every_token(method_name):
+    """is_weights (TIS/MIS) multiplies the per-token loss of any method, so all-2 weights double it."""
+    theta, topk = leaves()
+    plain = make_batch(theta, topk)
+    doubled = make_batch(theta, topk)
+    doubled.is_weights = torch.full((B, T), 2.0) * MASK
+    loss, _ = get_method(method_name).loss(plain)
+    loss2, _ = get_method(method_name).loss(doubled)
+    assert torch.allclose(loss2, 2 * loss, atol=1e-6)
+
+
 @pytest.mark.parametrize("junk", [1e9, -1e9, float("nan")])
 def test_masked_positions_change_neither_loss_nor_gradient(method_name, junk):
     clean_loss, clean_grad, _ = loss_and_grad(get_method(method_name))
@@ -91,7 +102,7 @@ def test_on_policy_gradient_is_reinforce(method_name):
     from thinkrl.methods._common import aggregate
 
     m = get_method(method_name)
-    if not getattr(m, "reinforce_on_policy", True):
+    if not m.reinforce_on_policy:
         pytest.skip(f"{method_name} selects or reweights tokens on-policy by design")
     _, grad, _ = loss_and_grad(m, on_policy=True)
     theta, _ = leaves()

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-_NO_GRAD = ("old_logp", "behav_logp", "advantages", "entropy", "old_entropy", "ref_logp", "token_js", "topk_old_logp")
-_PER_TOKEN = ("logp", "old_logp", "behav_logp", "advantages", "prefix_mask", "entropy", "old_entropy", "ref_logp", "token_js")
+_NO_GRAD = ("old_logp", "behav_logp", "advantages", "entropy", "old_entropy", "ref_logp", "token_js", "topk_old_logp", "is_weights")
+_PER_TOKEN = ("logp", "old_logp", "behav_logp", "advantages", "prefix_mask", "entropy", "old_entropy", "ref_logp", "token_js", "is_weights")
 _TOPK = ("topk_ids", "topk_old_logp", "topk_logp")
 
 
@@ -32,6 +32,7 @@ class TokenBatch:
     topk_old_logp: Tensor | None = None  # (B, T, K) proposal log-probs there
     topk_logp: Tensor | None = None  # (B, T, K) pi_theta log-probs there (carries grad)
     token_js: Tensor | None = None  # (B, T) JS divergence of each position to the batch mean
+    is_weights: Tensor | None = None  # (B, T) rollout-correction weights (TIS/MIS), multiply the per-token loss
     num_tokens: int | None = None  # global count of mask == 1 tokens in the whole update batch
     num_seqs: int | None = None  # global count of sequences in the update batch
     generator: torch.Generator | None = None  # for methods that draw random numbers

@@ -109,6 +109,34 @@ class RolloutConfig:
     """Precision of the sampling copy of the policy; 'same' samples with the trainer's weights."""
     batch_size: int = 64
     """Completions decoded together in one generation batch."""
+    dynamic_sampling: bool = False
+    """DAPO: drop groups whose rewards are all equal and sample more prompts until the step is full."""
+    max_sampling_rounds: int = 3
+    """Generation rounds per step at most with dynamic_sampling (the first included); then train on what there is."""
+    mask_truncated: bool = False
+    """Exclude completions that hit max_new_tokens from the loss (DAPO's overlong filtering)."""
+
+
+@dataclass
+class RewardConfig:
+    overlong_buffer: int = 0
+    """DAPO soft overlong punishment: over the last N tokens of the budget the reward falls linearly by
+    up to overlong_penalty (0 = off)."""
+    overlong_penalty: float = 1.0
+    """Largest overlong punishment, reached at rollout.max_new_tokens."""
+
+
+@dataclass
+class CorrectionConfig:
+    mode: Literal["none", "tis", "mis"] = "none"
+    """Rollout-mismatch correction with rho = pi_old / mu: tis truncates the weight at c_max, mis masks
+    tokens (or sequences) whose rho falls outside [c_min, c_max]; works with every method."""
+    level: Literal["token", "sequence"] = "token"
+    """token: rho per token; sequence: the product of a sequence's token ratios, one weight per sequence."""
+    c_max: float = 2.0
+    """Upper threshold (TIS cap, MIS upper bound)."""
+    c_min: float = 0.0
+    """Lower threshold (MIS only)."""
 
 
 @dataclass
@@ -197,6 +225,8 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    correction: CorrectionConfig = field(default_factory=CorrectionConfig)
     verifier: VerifierConfig = field(default_factory=VerifierConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     log: LogConfig = field(default_factory=LogConfig)
@@ -299,6 +329,8 @@ def resolve(cfg: Config) -> Config:
 
     method = get_method(cfg.method.name, **cfg.method.params)
     cfg.method.params = method.config_dict()
+    if cfg.method.params.get("norm_length") == 0:  # seq-mean-token-sum-norm's constant L: the budget
+        cfg.method.params["norm_length"] = cfg.rollout.max_new_tokens
     r, t = cfg.rollout, cfg.train
     checks = [
         (r.group_size >= 1, "rollout.group_size must be >= 1"),
@@ -315,6 +347,9 @@ def resolve(cfg: Config) -> Config:
         (cfg.model.lora.rank >= 0, "model.lora.rank must be >= 0 (0 = full fine-tuning)"),
         (cfg.verifier.timeout > 0 and cfg.verifier.workers >= 1, "verifier.timeout > 0 and verifier.workers >= 1"),
         (cfg.eval.every >= 0 and cfg.eval.limit >= 0, "eval.every and eval.limit must be >= 0"),
+        (r.max_sampling_rounds >= 1, "rollout.max_sampling_rounds must be >= 1"),
+        (0 <= cfg.reward.overlong_buffer < r.max_new_tokens, "reward.overlong_buffer must be in [0, rollout.max_new_tokens)"),
+        (cfg.correction.c_max > 0 and 0 <= cfg.correction.c_min < cfg.correction.c_max, "correction needs 0 <= c_min < c_max"),
         (cfg.eval.preset in ("auto", "train", "greedy", "reasoning"), f"eval.preset={cfg.eval.preset!r}: choose auto, train, greedy or reasoning"),
     ]
     for ok, msg in checks:

@@ -40,6 +40,9 @@ class Method:
     Config: ClassVar[type] = object
     advantage: ClassVar[str] = "grpo"
     """Advantage estimator used when `advantage.estimator: auto` (grpo, no_std or rloo)."""
+    reinforce_on_policy: ClassVar[bool] = True
+    """Whether, at logp == old_logp == behav_logp, the gradient is REINFORCE's for the aggregation
+    (checked by the contract test); False for methods that select or reweight tokens by design."""
 
     def __init__(self, **overrides: Any) -> None:
         self.cfg = build(self.Config, overrides, "method.")

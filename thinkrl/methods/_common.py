@@ -73,6 +73,17 @@ def aggregate(
     raise ValueError(f"unknown aggregation {mode!r}")
 
 
+def reduce(per_token: Tensor, batch, cfg) -> Tensor:
+    """The last line of every method: apply rollout-correction weights, then aggregate.
+
+    `batch.is_weights` (TIS/MIS, set by the trainer from the `correction` config) multiplies the per-token
+    loss, so the correction works with any method; `cfg.aggregation` and `cfg.norm_length` pick the mode.
+    """
+    if batch.is_weights is not None:
+        per_token = per_token * batch.is_weights
+    return aggregate(per_token, batch.mask, cfg.aggregation, batch.num_tokens, batch.num_seqs, getattr(cfg, "norm_length", 0) or None)
+
+
 def masked_mean(x: Tensor, mask: Tensor) -> Tensor:
     """Mean of x over mask == 1 positions of this (micro-)batch, detached; 0 when empty."""
     x = torch.where(mask, x.detach().float(), 0.0)

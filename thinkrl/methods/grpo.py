@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from thinkrl.methods import Method, register
-from thinkrl.methods._common import Aggregation, aggregate, clipped_surrogate, dual_clip, k3_kl, log_ratio, masked_mean
+from thinkrl.methods._common import Aggregation, clipped_surrogate, dual_clip, k3_kl, log_ratio, masked_mean, reduce
 
 
 @dataclass
@@ -70,7 +70,7 @@ class GRPO(Method):
             kl = k3_kl(batch.logp, batch.ref_logp)  # (B, T)
             per_token = per_token + c.beta * kl
             metrics["kl/ref"] = masked_mean(kl, mask)
-        loss = aggregate(per_token, mask, c.aggregation, batch.num_tokens, batch.num_seqs, c.norm_length or None)
+        loss = reduce(per_token, batch, c)
         metrics["clip/frac"] = masked_mean(clipped, mask)
         metrics["clip/low_frac"] = masked_mean(clipped & (ratio < 1), mask)
         metrics["clip/high_frac"] = masked_mean(clipped & (ratio > 1), mask)
