@@ -24,3 +24,11 @@ def length_reward(completion: str, answer: str):
     random model never solves arithmetic, so with the real grader every group would be all-zero and the
     plumbing tests would never exercise a real update."""
     return (len(completion) % 3) / 2, None
+
+
+def even_answers_solved(completion: str, answer: str):
+    """Groups whose answer is even all score 1 (no signal, dropped by dynamic sampling); the others get
+    length_reward's varied scores."""
+    if int(answer) % 2 == 0:
+        return 1.0, None
+    return length_reward(completion, answer)

@@ -33,6 +33,24 @@ class Completions:
     lengths: Tensor  # (B,) generated tokens per row
     truncated: Tensor  # (B,) bool, hit max_new_tokens without EOS
 
+    def select(self, rows: Tensor) -> Completions:
+        """These rows only, trimmed to their longest completion."""
+        T = int(self.lengths[rows].max()) if len(rows) else 0
+        return Completions(self.tokens[rows, :T], self.behav_logp[rows, :T], self.mask[rows, :T], self.lengths[rows], self.truncated[rows])
+
+    @staticmethod
+    def cat(parts: list[Completions], pad_id: int) -> Completions:
+        """Rows of several generation rounds in one batch (right-padded to the longest)."""
+        T = max(p.tokens.shape[1] for p in parts)
+        pad = lambda x, v: torch.nn.functional.pad(x, (0, T - x.shape[1]), value=v)  # noqa: E731
+        return Completions(
+            torch.cat([pad(p.tokens, pad_id) for p in parts]),
+            torch.cat([pad(p.behav_logp, 0.0) for p in parts]),
+            torch.cat([pad(p.mask, False) for p in parts]),
+            torch.cat([p.lengths for p in parts]),
+            torch.cat([p.truncated for p in parts]),
+        )
+
 
 class PolicySampler:
     """The weights generation runs on: the policy itself (full fine-tuning) or, with LoRA, a plain copy

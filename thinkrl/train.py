@@ -17,20 +17,22 @@ import math
 import random
 import signal
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from thinkrl import checkpoint
 from thinkrl.advantages import compute_advantages
+from thinkrl.collect import collect
 from thinkrl.config import Config, resolve, save_config
-from thinkrl.data import build_prompts, load_problems, step_prompts
+from thinkrl.data import build_prompts, load_problems
 from thinkrl.errors import UserError
 from thinkrl.evaluate import eval_during_training
 from thinkrl.logs import JsonlLog, console, progress, step_line
 from thinkrl.methods import get_method
 from thinkrl.models import load_base, load_policy, parameter_counts
-from thinkrl.rollout import PolicySampler, Sampling, generate
+from thinkrl.rollout import PolicySampler
 from thinkrl.update import RolloutBatch, update
 from thinkrl.verifier import VerifierPool, load_grader
 
@@ -126,7 +128,6 @@ def train(cfg: Config, resume: bool = False) -> Path:
         console.print(f"resuming {run_dir} from {ckpt.name}")
     metrics_log.truncate_after(start)
     rollouts_log.truncate_after(start)
-    sampling = Sampling(rc.max_new_tokens, rc.temperature, rc.top_p, rc.top_k)
     eos, pad = eos_ids(accelerator.unwrap_model(model), tok), tok.pad_token_id
     sampler = PolicySampler(accelerator.unwrap_model(model))
 
@@ -141,23 +142,20 @@ def train(cfg: Config, resume: bool = False) -> Path:
             for step in range(start, tc.steps):
                 t0 = time.perf_counter()
                 generator = seed_step(tc.seed, step + 1, device)
-                batch = step_prompts(prompts, step, rc.prompts_per_step, tc.seed)
 
-                # 1. rollout: G completions per prompt, with behaviour log-probs
-                comp = generate(sampler.refresh(), [p.ids for p in batch], rc.group_size, sampling, eos, pad, generator)
-                t1 = time.perf_counter()
-
-                # 2. score: rewards (B,) from the verifier workers
-                texts = tok.batch_decode([row[m].tolist() for row, m in zip(comp.tokens, comp.mask)], skip_special_tokens=True)
-                answers = [p.answer for p in batch for _ in range(rc.group_size)]
-                rewards, vstats = pool.score(texts, answers)
-                rewards = torch.tensor(rewards, dtype=torch.float32)
+                # 1-2. rollout and score: G completions per prompt with behaviour log-probs, rewards (B,)
+                samples = collect(step, prompts, cfg, sampler.refresh(), tok, pool, generator, eos, pad)
                 t2 = time.perf_counter()
 
-                # 3. advantages (B,) and 4. update
-                adv, astats = compute_advantages(rewards, rc.group_size, estimator, cfg.advantage.eps)
-                rb = RolloutBatch([p.ids for p in batch for _ in range(rc.group_size)], comp, adv.to(device), rc.group_size)
-                upd = update(model, method, optimizer, scheduler, accelerator, rb, cfg, pad, generator, ref_model)
+                # 3. advantages (B,) and 4. update (skipped when dynamic sampling kept no group)
+                upd, adv, astats = {}, torch.zeros(0), {}
+                if samples.prompts:
+                    adv, astats = compute_advantages(samples.rewards, rc.group_size, estimator, cfg.advantage.eps)
+                    comp = samples.comp
+                    if rc.mask_truncated:  # DAPO's overlong filtering: truncated completions teach nothing
+                        comp = replace(comp, mask=comp.mask & ~comp.truncated[:, None])
+                    rb = RolloutBatch([p.ids for p in samples.prompts for _ in range(rc.group_size)], comp, adv.to(device), rc.group_size)
+                    upd = update(model, method, optimizer, scheduler, accelerator, rb, cfg, pad, generator, ref_model)
                 t3 = time.perf_counter()
 
                 # 5. evaluate (eval.every), log, checkpoint
@@ -166,31 +164,10 @@ def train(cfg: Config, resume: bool = False) -> Path:
                 if cfg.eval.every and ((step + 1) % cfg.eval.every == 0 or done):
                     evals = eval_during_training(sampler.refresh(), tok, cfg, run_dir, step + 1, pool)
                     evals["time/eval"] = time.perf_counter() - t3
-                n_tok = int(comp.lengths.sum())
-                lengths = comp.lengths.float()
-                record = {
-                    "step": step + 1,
-                    "reward/mean": rewards.mean().item(),
-                    "reward/std": rewards.std().item() if len(rewards) > 1 else 0.0,
-                    **{k: v for k, v in upd.items()},
-                    "length/mean": lengths.mean().item(),
-                    "length/max": int(lengths.max()),
-                    "length/min": int(lengths.min()),
-                    "length/truncated_frac": comp.truncated.float().mean().item(),
-                    **astats,
-                    "verifier/timeouts": vstats["timeouts"],
-                    "verifier/crashes": vstats["crashes"],
-                    "time/generate": t1 - t0,
-                    "time/score": t2 - t1,
-                    "time/update": t3 - t2,
-                    "time/step": t3 - t0,
-                    "tokens/s": n_tok / (t3 - t0),
-                    "generate/tokens_per_s": n_tok / max(t1 - t0, 1e-9),
-                    **evals,
-                }
+                record = _step_record(step + 1, samples, upd, astats, {"time/update": t3 - t2, "time/step": t3 - t0, **evals})
                 metrics_log.write(record)
                 if cfg.log.rollouts_every and (step + 1) % cfg.log.rollouts_every == 0:
-                    rollouts_log.write(_rollout_records(step + 1, batch, texts, rewards, adv, comp, rc.group_size))
+                    rollouts_log.write(_rollout_records(step + 1, samples, adv, rc.group_size))
                 bar.console.print(step_line(record, tc.steps), soft_wrap=True)
                 bar.update(task, advance=1, info=f"reward {record['reward/mean']:.3f}")
                 if done or (tc.save_every and (step + 1) % tc.save_every == 0) or flag.stop:
@@ -220,18 +197,46 @@ def _adapters_off(model):
         yield base
 
 
-def _rollout_records(step, batch, texts, rewards, adv, comp, G) -> list[dict]:
+def _step_record(step: int, samples, upd: dict, astats: dict, times: dict) -> dict:
+    """The metrics.jsonl line of one step."""
+    s, comp = samples.stats, samples.comp
+    n_tok = int(comp.lengths.sum()) if comp is not None else 0
+    lengths = comp.lengths.float() if comp is not None else torch.zeros(1)
+    scores = samples.scores if len(samples.scores) else torch.zeros(1)
+    record = {
+        "step": step,
+        "reward/mean": scores.mean().item(),
+        "reward/std": scores.std().item() if len(scores) > 1 else 0.0,
+        "reward/shaped_mean": samples.rewards.mean().item() if len(samples.rewards) else 0.0,
+        "loss": 0.0, "entropy": 0.0, "grad_norm": 0.0,  # stay 0 when a step has nothing to train on
+        **upd,
+        "length/mean": lengths.mean().item(),
+        "length/max": int(lengths.max()),
+        "length/min": int(lengths.min()),
+        "length/truncated_frac": comp.truncated.float().mean().item() if comp is not None else 0.0,
+        "frac_reward_zero_std": 0.0,
+        **astats,
+        **s,
+        **times,
+    }
+    record["tokens/s"] = n_tok / max(times["time/step"], 1e-9)
+    record["generate/tokens_per_s"] = n_tok / max(s["time/generate"], 1e-9)
+    return record
+
+
+def _rollout_records(step: int, samples, adv, G: int) -> list[dict]:
     return [
         {
             "step": step,
-            "prompt_id": batch[i // G].id,
-            "prompt": batch[i // G].problem,
-            "answer": batch[i // G].answer,
+            "prompt_id": samples.prompts[i // G].id,
+            "prompt": samples.prompts[i // G].problem,
+            "answer": samples.prompts[i // G].answer,
             "completion": text,
-            "reward": rewards[i].item(),
+            "reward": samples.rewards[i].item(),
+            "score": samples.scores[i].item(),
             "advantage": adv[i].item(),
-            "length": int(comp.lengths[i]),
-            "truncated": bool(comp.truncated[i]),
+            "length": int(samples.comp.lengths[i]),
+            "truncated": bool(samples.comp.truncated[i]),
         }
-        for i, text in enumerate(texts)
+        for i, text in enumerate(samples.texts)
     ]

@@ -15,7 +15,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from thinkrl import correction
 from thinkrl.batch import TokenBatch, token_logprobs
+from thinkrl.methods._common import masked_mean
 from thinkrl.rollout import Completions
 
 
@@ -62,6 +64,7 @@ def update(model, method, optimizer, scheduler, accelerator, rb: RolloutBatch, c
     needs = method.requires
     B = rb.comp.tokens.shape[0]
     lengths = rb.comp.lengths.cpu()
+    mask_cpu = rb.comp.mask.cpu()  # token counts from here: no device sync per micro-batch
     recompute = tc.mini_batches * tc.epochs > 1 or "old_entropy" in needs
     old_logp = old_ent = ref_logp = None
     if recompute:
@@ -70,6 +73,8 @@ def update(model, method, optimizer, scheduler, accelerator, rb: RolloutBatch, c
         with ref_model() as ref:
             ref_logp, _ = _full_pass(ref, rb, tc.micro_batch_size, pad_id, temperature, False)
 
+    # a method that takes statistics over the batch it sees (80/20, STAPO) gets the whole mini-batch at once
+    micro_size = B if getattr(type(method), "batch_statistics", False) else tc.micro_batch_size
     params = [p for p in model.parameters() if p.requires_grad]
     sums: dict[str, Tensor] = {}  # detached running sums; .item() once at the end (no per-micro-batch sync)
     counts = {"tokens": 0, "updates": 0}
@@ -78,15 +83,20 @@ def update(model, method, optimizer, scheduler, accelerator, rb: RolloutBatch, c
         # the global RNG is reseeded from (seed, step) each step, so this shuffle is reproducible
         order = torch.randperm(B) if tc.mini_batches > 1 else torch.arange(B)
         for mini in order.chunk(tc.mini_batches):
-            num_tokens, num_seqs = int(rb.comp.mask[mini].sum()), len(mini)
+            num_tokens, num_seqs = int(mask_cpu[mini].sum()), len(mini)
             loss_sum = 0.0
-            for rows in _micro_batches(mini, lengths, tc.micro_batch_size, rb.group_size):
+            for rows in _micro_batches(mini, lengths, micro_size, rb.group_size):
+                n = int(mask_cpu[rows].sum())
+                if n == 0:
+                    continue  # every token masked (e.g. mask_truncated): nothing to learn from these rows
                 logp, ent, T = _forward(model, rb, rows, pad_id, temperature, entropy=True)
                 mask = rb.comp.mask[rows, :T]
+                old = old_logp[rows, :T] if recompute else logp.detach()
+                behav = rb.comp.behav_logp[rows, :T]
                 batch = TokenBatch(
                     logp=logp,
-                    old_logp=old_logp[rows, :T] if recompute else logp.detach(),
-                    behav_logp=rb.comp.behav_logp[rows, :T],
+                    old_logp=old,
+                    behav_logp=behav,
                     advantages=rb.advantages[rows],
                     mask=mask,
                     entropy=ent if "entropy" in needs else None,
@@ -95,11 +105,15 @@ def update(model, method, optimizer, scheduler, accelerator, rb: RolloutBatch, c
                     num_tokens=num_tokens,
                     num_seqs=num_seqs,
                     generator=generator,
+                    is_weights=correction.weights(old, behav, mask, cfg.correction),
                 )
                 loss, metrics = method.loss(batch)
+                metrics = {**metrics, **correction.mismatch_stats(old, behav, mask)}
+                if batch.is_weights is not None:
+                    metrics["correction/weight_mean"] = masked_mean(batch.is_weights, mask)
+                    metrics["correction/zero_frac"] = masked_mean(batch.is_weights == 0, mask)
                 accelerator.backward(loss)
                 loss_sum = loss_sum + loss.detach()
-                n = int(mask.sum())
                 counts["tokens"] += n
                 _add(sums, "entropy", torch.where(mask, ent, 0.0).sum())
                 for k, v in metrics.items():
@@ -109,6 +123,8 @@ def update(model, method, optimizer, scheduler, accelerator, rb: RolloutBatch, c
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
+            if isinstance(loss_sum, float):
+                continue  # nothing was trained in this mini-batch
             _add(sums, "loss", loss_sum)
             _add(sums, "grad_norm", grad_norm.detach().float())
             counts["updates"] += 1

@@ -1,0 +1,84 @@
+"""One step's training data: prompts -> G completions each -> verifier scores -> rewards.
+
+Plain GRPO takes the step's prompts in one generation round. With rollout.dynamic_sampling (DAPO), a group
+whose scores are all equal carries no gradient, so it is dropped and fresh prompts are sampled in further
+rounds until prompts_per_step groups are kept or rollout.max_sampling_rounds is reached (then the step
+trains on what it has). reward.overlong_buffer adds DAPO's soft overlong punishment to the reward used for
+advantages; the verifier score (accuracy) is kept separately for logging and for the dynamic-sampling test.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from thinkrl.data import Prompt, step_prompts
+from thinkrl.rollout import Completions, Sampling, generate
+
+
+@dataclass
+class StepSamples:
+    prompts: list[Prompt]  # the kept prompts, one per group
+    comp: Completions  # (P * G, T), group g in rows g*G .. g*G + G - 1
+    texts: list[str]  # decoded completions
+    scores: Tensor  # (P * G,) verifier scores
+    rewards: Tensor  # (P * G,) scores plus shaping
+    stats: dict[str, float] = field(default_factory=dict)
+
+
+def overlong_penalty(lengths: Tensor, max_new_tokens: int, buffer: int, factor: float) -> Tensor:
+    """DAPO's soft punishment: 0 up to max - buffer tokens, then falling linearly to -factor at max."""
+    if buffer <= 0:
+        return torch.zeros(lengths.shape, dtype=torch.float32)
+    over = (lengths.float() - (max_new_tokens - buffer)).clamp(min=0)  # (B,)
+    return -factor * over / buffer
+
+
+def _round_prompts(prompts: list[Prompt], step: int, rnd: int, per_step: int, seed: int) -> list[Prompt]:
+    if rnd == 0:
+        return step_prompts(prompts, step, per_step, seed)
+    rng = random.Random((seed * 1_000_003 + step) * 1_009 + rnd)  # extra rounds: seeded by (seed, step, round)
+    return [prompts[i] for i in rng.sample(range(len(prompts)), min(per_step, len(prompts)))]
+
+
+def collect(step: int, prompts: list[Prompt], cfg, model, tok, pool, generator, eos: list[int], pad: int) -> StepSamples:
+    rc, G = cfg.rollout, cfg.rollout.group_size
+    sampling = Sampling(rc.max_new_tokens, rc.temperature, rc.top_p, rc.top_k)
+    kept: list[tuple[Prompt, Completions, list[str], Tensor]] = []
+    stats = {"verifier/timeouts": 0, "verifier/crashes": 0, "sampling/rounds": 0, "sampling/dropped_groups": 0, "time/generate": 0.0, "time/score": 0.0}
+    for rnd in range(rc.max_sampling_rounds if rc.dynamic_sampling else 1):
+        batch = _round_prompts(prompts, step, rnd, rc.prompts_per_step, cfg.train.seed)
+        t0 = time.perf_counter()
+        comp = generate(model, [p.ids for p in batch], G, sampling, eos, pad, generator)
+        t1 = time.perf_counter()
+        texts = tok.batch_decode([row[m].tolist() for row, m in zip(comp.tokens, comp.mask)], skip_special_tokens=True)
+        scores, vstats = pool.score(texts, [p.answer for p in batch for _ in range(G)])
+        stats["time/generate"] += t1 - t0
+        stats["time/score"] += time.perf_counter() - t1
+        stats["verifier/timeouts"] += vstats["timeouts"]
+        stats["verifier/crashes"] += vstats["crashes"]
+        stats["sampling/rounds"] += 1
+        scores = torch.tensor(scores, dtype=torch.float32).view(len(batch), G)  # (P, G)
+        for g, p in enumerate(batch):
+            if rc.dynamic_sampling and bool((scores[g] == scores[g, 0]).all()):
+                stats["sampling/dropped_groups"] += 1
+                continue
+            rows = torch.arange(g * G, (g + 1) * G)
+            kept.append((p, comp.select(rows.to(comp.tokens.device)), texts[g * G : (g + 1) * G], scores[g]))
+        if len(kept) >= rc.prompts_per_step:
+            break
+    kept = kept[: rc.prompts_per_step]
+    stats["sampling/kept_groups"] = len(kept)
+    if not rc.dynamic_sampling:  # one round, nothing dropped: nothing to report
+        for k in ("sampling/rounds", "sampling/dropped_groups", "sampling/kept_groups"):
+            del stats[k]
+    if not kept:
+        return StepSamples([], None, [], torch.zeros(0), torch.zeros(0), stats)
+    comp = Completions.cat([k[1] for k in kept], pad)
+    scores = torch.cat([k[3] for k in kept])  # (P * G,)
+    rewards = scores + overlong_penalty(comp.lengths.cpu(), rc.max_new_tokens, cfg.reward.overlong_buffer, cfg.reward.overlong_penalty)
+    return StepSamples([k[0] for k in kept], comp, [t for k in kept for t in k[2]], scores, rewards, stats)

@@ -1,0 +1,52 @@
+"""Rollout-mismatch correction (TIS / MIS) and mismatch diagnostics, for any method.
+
+rho_t = pi_old(y_t) / mu(y_t): how much more likely the trainer's policy finds the token than the sampler
+that drew it did (they differ when the sampler runs at another precision, is stale, or is a historical
+checkpoint). methods.md 2.7:
+    tis  w = min(rho, c_max)                            truncated importance weight
+    mis  w = rho * [c_min <= rho <= c_max]              outliers masked out
+At sequence level rho_i = exp(sum_t log rho_it), one weight for all of the sequence's tokens. The weights
+are detached and multiply each method's per-token loss (TokenBatch.is_weights, applied by _common.reduce).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from thinkrl.config import CorrectionConfig
+from thinkrl.methods._common import LOG_RATIO_LIMIT
+
+
+def log_rho(old_logp: Tensor, behav_logp: Tensor, mask: Tensor) -> Tensor:
+    """log pi_old - log mu, clamped, 0 at padding.  # (B, T)"""
+    return torch.where(mask, (old_logp - behav_logp).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT), 0.0)
+
+
+def weights(old_logp: Tensor, behav_logp: Tensor, mask: Tensor, cfg: CorrectionConfig) -> Tensor | None:
+    """(B, T) detached correction weights, or None when cfg.mode == 'none'."""
+    if cfg.mode == "none":
+        return None
+    lr = log_rho(old_logp.detach(), behav_logp, mask)  # (B, T)
+    if cfg.level == "sequence":
+        lr = lr.sum(-1, keepdim=True).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT).expand_as(lr)  # (B, T)
+    rho = lr.exp()  # (B, T)
+    if cfg.mode == "tis":
+        w = rho.clamp(max=cfg.c_max)
+    else:
+        w = torch.where((rho >= cfg.c_min) & (rho <= cfg.c_max), rho, 0.0)
+    return torch.where(mask, w, 0.0).detach()
+
+
+@torch.no_grad()
+def mismatch_stats(old_logp: Tensor, behav_logp: Tensor, mask: Tensor) -> dict[str, Tensor]:
+    """Token-level trainer/sampler mismatch: mean |log rho|, the k3 estimate of KL(mu || pi_old), and the
+    fraction of tokens with rho > 2. Zero up to float noise when the sampler is the trainer's policy."""
+    lr = log_rho(old_logp, behav_logp, mask)  # (B, T)
+    n = mask.sum().clamp(min=1)
+    k3 = torch.where(mask, lr.exp() - 1 - lr, 0.0)  # rho - 1 - log rho >= 0
+    return {
+        "mismatch/abs_log_ratio": lr.abs().sum() / n,
+        "mismatch/k3": k3.sum() / n,
+        "mismatch/ratio_gt2_frac": ((lr > 0.6931471805599453) & mask).sum() / n,
+    }
