@@ -39,3 +39,21 @@ def test_resume_matches_an_uninterrupted_run(tmp_path):
     a = [{k: m[k] for k in keys} for m in read_jsonl(tmp_path / "a" / "metrics.jsonl")]
     b = [{k: m[k] for k in keys} for m in read_jsonl(tmp_path / "b" / "metrics.jsonl")]
     assert len(a) == 4 and a == b
+
+
+def builtin_methods() -> list[str]:
+    """Methods shipped in thinkrl/methods (not plugins another test may have loaded)."""
+    from pathlib import Path
+
+    import thinkrl.methods as m
+
+    return [n for n in m.available_methods() if Path(m.method_source(n)).parent == Path(m.__file__).parent]
+
+
+@pytest.mark.parametrize("method", builtin_methods())
+def test_every_method_trains_two_steps(method, tmp_path):
+    out = tmp_path / method
+    invoke(["train", "--method", method, "-o", "train.steps=2", "--output-dir", str(out), *SMALL])
+    metrics = read_jsonl(out / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == [1, 2]
+    assert all(m["loss"] == m["loss"] and abs(m["loss"]) < 1e6 for m in metrics)  # finite

@@ -121,14 +121,14 @@ def _discover() -> None:
 
 
 def load_plugins(directory: str | Path) -> list[str]:
-    """Import every `*.py` in `directory` (user method files); returns the names they registered."""
+    """Import every `*.py` in `directory` except `_*.py` and `test_*.py`; returns the names they registered."""
     _discover()
     directory = Path(directory)
     if not directory.is_dir():
         raise UserError(f"--plugins {directory}: not a directory")
     before = set(_REGISTRY)
     for path in sorted(directory.glob("*.py")):
-        if path.name.startswith("_"):
+        if path.name.startswith(("_", "test_")):  # a plugin directory may carry its own tests
             continue
         mod_name = f"thinkrl_plugin_{abs(hash(str(path.resolve())))}_{path.stem}"
         if mod_name in sys.modules:

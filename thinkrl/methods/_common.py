@@ -7,6 +7,7 @@ padding into the loss or the gradient.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Literal
 
 import torch
@@ -88,3 +89,56 @@ def masked_mean(x: Tensor, mask: Tensor) -> Tensor:
     """Mean of x over mask == 1 positions of this (micro-)batch, detached; 0 when empty."""
     x = torch.where(mask, x.detach().float(), 0.0)
     return x.sum() / mask.sum().clamp(min=1)
+
+
+def with_norm_length(cfg, batch):
+    """`cfg` with norm_length 0 replaced by the batch's padded length T when the mode needs it.
+
+    The trainer's `resolve()` sets norm_length = rollout.max_new_tokens before any loss runs; this fallback
+    only serves direct calls (tests, notebooks), and uses verl's default constant (the padded response
+    length). Micro-batches split along B keep T, so the fallback is the same for every part.
+    """
+    if cfg.aggregation != "seq-mean-token-sum-norm" or getattr(cfg, "norm_length", 0):
+        return cfg
+    return dataclasses.replace(cfg, norm_length=batch.mask.shape[-1])
+
+
+def valid_positions(mask: Tensor) -> Tensor:
+    """n_t = number of mask == 1 tokens at or before t (1-indexed on valid tokens; methods.md 1.1).  # (B, T)
+
+    Padding and tool/observation tokens do not advance the count; at mask == 0 positions the value is the
+    count so far, so callers multiply by the mask where it matters.
+    """
+    return mask.long().cumsum(-1)
+
+
+def exclusive_cumsum(x: Tensor) -> Tensor:
+    """Prefix sums that stop before t: out[..., t] = sum_{j<t} x[..., j], out[..., 0] = 0.  # (B, T)"""
+    return torch.cat([torch.zeros_like(x[..., :1]), x.cumsum(-1)[..., :-1]], dim=-1)
+
+
+def masked_quantile(x: Tensor, mask: Tensor, q: float, dim: int | None = None) -> Tensor:
+    """The q-quantile of x over mask == 1 entries, detached, by torch.quantile's default rule (linear).
+
+    dim None: one value over the whole tensor (0-dim); dim -1: one value per row (B,), each over that
+    row's own valid entries. Rank q (n - 1) is interpolated between its neighbours with torch.lerp, as
+    torch.quantile does, without torch.quantile's 2**24-element limit or its lack of a mask. An empty
+    selection gives 0. Entries at mask == 0 are never read, so junk there cannot leak in.
+    """
+    if dim not in (None, -1):
+        raise ValueError("masked_quantile: dim must be None or -1")
+    if not 0.0 <= q <= 1.0:
+        raise ValueError(f"masked_quantile: q must be in [0, 1], got {q}")
+    x = x.detach().float()
+    if dim is None:
+        x, mask = x.reshape(1, -1), mask.reshape(1, -1)
+    n = mask.sum(-1)  # (R,)
+    ordered = torch.where(mask, x, torch.inf).sort(-1).values  # (R, N) valid entries first, ascending
+    last = (n - 1).clamp(min=0)  # (R,)
+    rank = q * last.to(x.dtype)  # (R,)
+    below = rank.long()  # floor: rank >= 0
+    above = torch.minimum(below + 1, last)  # (R,)
+    lo = ordered.gather(-1, below[:, None]).squeeze(-1)  # (R,)
+    hi = ordered.gather(-1, above[:, None]).squeeze(-1)  # (R,)
+    out = torch.where(n > 0, torch.lerp(lo, hi, rank - below.to(x.dtype)), 0.0)  # (R,)
+    return out[0] if dim is None else out

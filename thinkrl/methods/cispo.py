@@ -1,0 +1,82 @@
+"""CISPO: Clipped IS-weight Policy Optimization (MiniMax-M1).
+
+Paper: "MiniMax-M1: Scaling Test-Time Compute Efficiently with Lightning Attention", arXiv 2506.13585.
+Exact-from-code reference: verl `compute_policy_loss_cispo`, TRL loss_type `cispo`.
+Confidence: EXACT-CODE (methods.md 2.6).
+
+Objective (minimised), per token t of completion i with group-normalised advantage A_i:
+
+    r     = pi_theta(y_t) / pi_old(y_t)
+    w_t   = sg(clip(r, 1 - clip_low, 1 + clip_high))                   (truncated IS weight, no gradient)
+    l_t   = -w_t A_i log pi_theta(y_t)
+    loss  = sum_i sum_t l_t / sum_i |y_i|                               (token-mean over the whole batch)
+
+The gradient of a token is -w_t A_i grad log pi_theta(y_t): REINFORCE with a truncated, detached weight.
+The loss VALUE is not meaningful (it is a weighted sum of log-probs, not an objective estimate); watch the
+gradient and the clip metrics instead.
+
+What it changes relative to grpo: grpo clips the surrogate, so a token whose ratio left the trust region
+(in the direction its advantage pushes) gets exactly zero gradient; CISPO clips the weight instead, so
+every token keeps a gradient, the weight only bounds its size. clip/frac here counts truncated weights,
+not dropped tokens. No KL, no dual clip.
+
+Defaults (the verl example): clip_low 10 (lower bound 1 - 10 < 0, i.e. no lower bound, as in the paper),
+clip_high 0.2, i.e. weight cap 1.2; token-mean; group-normalised advantages. Parameterisations differ
+(methods.md 2.6):
+- paper: no lower bound, only the upper epsilon tuned (clip_low >= 1 here);
+- verl example: clip_ratio_low=10, clip_ratio_high=0.2 -> cap 1.2 (these defaults);
+- TRL: epsilon_high is an absolute cap on the weight, e.g. 5.0 in the ScaleRL recipe; the same here is
+  clip_high=4.0 (cap 1 + 4.0 = 5.0).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from thinkrl.methods import Method, register
+from thinkrl.methods._common import Aggregation, log_ratio, masked_mean, reduce, with_norm_length
+
+
+@dataclass
+class Config:
+    clip_low: float = 10.0
+    """The weight is clipped below at 1 - clip_low; any value >= 1 means no lower bound (the paper's choice)."""
+    clip_high: float = 0.2
+    """The weight is clipped above at 1 + clip_high (TRL's absolute cap 5.0 is clip_high=4.0)."""
+    aggregation: Aggregation = "token-mean"
+    """How per-token losses become one scalar (methods.md 1.4); MiniMax-M1 uses token-mean."""
+    norm_length: int = 0
+    """Constant L for seq-mean-token-sum-norm; 0 = rollout.max_new_tokens."""
+
+    def __post_init__(self) -> None:
+        if self.clip_low < 0:
+            raise ValueError(f"clip_low must be >= 0, got {self.clip_low}")
+        if self.clip_high < 0:
+            raise ValueError(f"clip_high must be >= 0, got {self.clip_high}")
+        if self.norm_length < 0:
+            raise ValueError(f"norm_length must be >= 0 (0 = rollout.max_new_tokens), got {self.norm_length}")
+
+
+@register("cispo")
+class CISPO(Method):
+    """REINFORCE with a clipped, detached IS weight (cap 1.2): no token ever loses its gradient."""
+
+    Config = Config
+
+    def loss(self, batch):
+        c, mask = self.cfg, batch.mask
+        ratio = torch.exp(log_ratio(batch.logp, batch.old_logp)).detach()  # (B, T) the weight carries no gradient
+        low, high = ratio < 1.0 - c.clip_low, ratio > 1.0 + c.clip_high  # (B, T)
+        weight = ratio.clamp(1.0 - c.clip_low, 1.0 + c.clip_high)  # (B, T)
+        # the value is a weighted log-prob sum, meaningless by itself; the gradient -w A grad log pi is the point
+        per_token = -weight * batch.advantages * batch.logp  # (B, T)
+        metrics = {
+            "clip/frac": masked_mean(low | high, mask),
+            "clip/low_frac": masked_mean(low, mask),
+            "clip/high_frac": masked_mean(high, mask),
+            "ratio/mean": masked_mean(ratio, mask),
+        }
+        # with_norm_length: L = padded T for seq-mean-token-sum-norm when called outside the trainer
+        return reduce(per_token, batch, with_norm_length(c, batch)), metrics
