@@ -5,7 +5,8 @@ import torch
 
 import thinkrl.batch as batch_mod
 from thinkrl.batch import TokenBatch, token_logprobs
-from thinkrl.rollout import PolicySampler, Sampling, _sample, generate
+from thinkrl.rollout import Sampling, _sample, generate
+from thinkrl.sampler import PolicySampler
 
 
 @pytest.fixture(scope="module")
@@ -106,12 +107,12 @@ def test_greedy_is_the_argmax_path(tiny):
 def test_top_p_and_top_k_only_sample_inside_the_kept_set():
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]])).repeat(2000, 1)
     g = torch.Generator().manual_seed(0)
-    ids, lp = _sample(logits, Sampling(1, 1.0, top_p=0.7), g)
+    ids, lp, _ = _sample(logits, Sampling(1, 1.0, top_p=0.7), g)
     assert set(ids.tolist()) == {0, 1}  # 0.5 + 0.3 reaches 0.7
     assert torch.allclose(lp[ids == 0], torch.log(torch.tensor(0.5 / 0.8)))  # renormalised on the nucleus
-    ids, _ = _sample(logits, Sampling(1, 1.0, top_k=3), g)
+    ids, _, _ = _sample(logits, Sampling(1, 1.0, top_k=3), g)
     assert set(ids.tolist()) == {0, 1, 2}
-    ids, _ = _sample(logits, Sampling(1, 1.0), g)
+    ids, _, _ = _sample(logits, Sampling(1, 1.0), g)
     freq = torch.bincount(ids, minlength=4).float() / len(ids)
     assert torch.allclose(freq, torch.tensor([0.5, 0.3, 0.15, 0.05]), atol=0.04)
 

@@ -57,3 +57,12 @@ def test_every_method_trains_two_steps(method, tmp_path):
     metrics = read_jsonl(out / "metrics.jsonl")
     assert [m["step"] for m in metrics] == [1, 2]
     assert all(m["loss"] == m["loss"] and abs(m["loss"]) < 1e6 for m in metrics)  # finite
+
+
+def test_fp8_rollouts_show_a_mismatch_that_same_precision_does_not(tmp_path):
+    invoke(["train", "-o", "train.steps=2", "-o", "rollout.precision=fp8", "--output-dir", str(tmp_path / "fp8"), *SMALL])
+    invoke(["train", "-o", "train.steps=2", "-o", "rollout.precision=same", "--output-dir", str(tmp_path / "same"), *SMALL])
+    fp8 = read_jsonl(tmp_path / "fp8" / "metrics.jsonl")
+    same = read_jsonl(tmp_path / "same" / "metrics.jsonl")
+    assert all(m["mismatch/abs_log_ratio"] > 1e-3 and m["mismatch/k3"] > 1e-5 for m in fp8)
+    assert all(m["mismatch/abs_log_ratio"] < 1e-4 for m in same)  # float rounding of the merged LoRA copy only

@@ -23,7 +23,7 @@ def make_batch(theta: torch.Tensor, topk_theta: torch.Tensor, junk: float | None
     behav = old.clone() if on_policy else (old + 0.2 * torch.randn(B, T, generator=g)).clamp(max=-0.01)
     adv = torch.tensor([1.0, -0.5, 0.7, -1.2])[:, None].expand(B, T).clone()
     fields = dict(
-        old_logp=old, behav_logp=behav, advantages=adv,
+        old_logp=old, behav_logp=behav, advantages=adv, token_ids=torch.randint(0, 50, (B, T), generator=g),
         prefix_mask=torch.zeros(B, T, dtype=torch.bool).index_fill(1, torch.tensor([0]), True),
         entropy=torch.rand(B, T, generator=g) * 2, old_entropy=torch.rand(B, T, generator=g) * 2,
         ref_logp=(old + 0.1 * torch.randn(B, T, generator=g)).clamp(max=-0.01),

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 _NO_GRAD = ("old_logp", "behav_logp", "advantages", "entropy", "old_entropy", "ref_logp", "token_js", "topk_old_logp", "is_weights")
-_PER_TOKEN = ("logp", "old_logp", "behav_logp", "advantages", "prefix_mask", "entropy", "old_entropy", "ref_logp", "token_js", "is_weights")
+_PER_TOKEN = ("logp", "old_logp", "behav_logp", "advantages", "prefix_mask", "entropy", "old_entropy", "ref_logp", "token_js", "is_weights", "token_ids")
 _TOPK = ("topk_ids", "topk_old_logp", "topk_logp")
 
 
@@ -24,6 +24,7 @@ class TokenBatch:
     behav_logp: Tensor  # (B, T) log mu(y_t): whoever sampled the token
     advantages: Tensor  # (B, T) per-sequence advantage broadcast over tokens; (B,) is broadcast for you
     mask: Tensor  # (B, T) 1 = generated token that is trained on, 0 = padding
+    token_ids: Tensor | None = None  # (B, T) long, the sampled ids y_t (methods that look tokens up by id)
     prefix_mask: Tensor | None = None  # (B, T) 1 = token from a historical-checkpoint prefix
     entropy: Tensor | None = None  # (B, T) entropy of pi_theta's next-token distribution (detached)
     old_entropy: Tensor | None = None  # (B, T) entropy of pi_old
@@ -110,32 +111,33 @@ def _body_and_head(model):
     return base.get_decoder(), base.get_output_embeddings(), base.config
 
 
-def _head_logp(head, config, hidden: Tensor, targets: Tensor, temperature: float, want_entropy: bool) -> tuple[Tensor, Tensor]:
-    """log-prob of targets and (detached) entropy for N hidden states.  hidden (N, H) -> (N,), (N,)"""
+def _logits(head, config, hidden: Tensor, temperature: float) -> Tensor:
+    """Tempered float32 logits of N hidden states, with the model's own scaling/softcapping.  (N, H) -> (N, V)"""
     logits = head(hidden).float()  # (N, V)
     if getattr(config, "logit_scale", None):
         logits = logits * config.logit_scale
     if getattr(config, "final_logit_softcapping", None):
         cap = config.final_logit_softcapping
         logits = torch.tanh(logits / cap) * cap
-    logits = logits / temperature
+    return logits / temperature
+
+
+def _head_logp(head, config, hidden: Tensor, targets: Tensor, temperature: float, want_entropy: bool, topk_ids: Tensor | None):
+    """log-prob of targets (N,), detached entropy (N,), and log-probs at topk_ids (N, K) for N hidden states."""
+    logits = _logits(head, config, hidden, temperature)  # (N, V)
     logz = torch.logsumexp(logits, -1)  # (N,)
     logp = logits.gather(-1, targets[:, None]).squeeze(-1) - logz  # (N,)
+    topk = logits.gather(-1, topk_ids) - logz[:, None] if topk_ids is not None else logp.new_zeros((len(logp), 0))  # (N, K)
     if not want_entropy:
-        return logp, torch.zeros_like(logp.detach())
+        return logp, torch.zeros_like(logp.detach()), topk
     with torch.no_grad():
         ent = logz - (torch.softmax(logits, -1) * logits).sum(-1)  # (N,)  H = log Z - E_p[logit]
-    return logp, ent
+    return logp, ent, topk
 
 
-def token_logprobs(
-    model, prompts: list[list[int]], completions: Tensor, mask: Tensor, pad_id: int, temperature: float, entropy: bool = False
-) -> tuple[Tensor, Tensor | None]:
-    """log pi(y_t) (B, T) under softmax(logits / temperature), and optionally its entropy (B, T).
-
-    The head runs only on generated positions (mask == 1), in chunks; under autograd each chunk is
-    checkpointed, so no (B, T, V) float32 logits exist at once, forward or backward.
-    """
+def _hidden(model, prompts: list[list[int]], completions: Tensor, mask: Tensor, pad_id: int):
+    """Hidden states (N, H) that predict each generated token (mask == 1, row-major), the targets (N,),
+    and the output head and config."""
     from transformers import DynamicCache
 
     body, head, config = _body_and_head(model)
@@ -159,19 +161,53 @@ def token_logprobs(
     h_comp = body(input_ids=completions, attention_mask=attn, position_ids=pos, **kv).last_hidden_state  # (B, T, H)
     # the state before each generated token predicts it: last prompt state, then completion states 0..T-2
     h = torch.cat([h_prompt.index_select(0, which)[:, None], h_comp[:, :-1]], dim=1)[mask]  # (N, H)
-    y = completions[mask]  # (N,)
+    return h, completions[mask], head, config
+
+
+def token_logprobs(
+    model,
+    prompts: list[list[int]],
+    completions: Tensor,
+    mask: Tensor,
+    pad_id: int,
+    temperature: float,
+    entropy: bool = False,
+    topk_ids: Tensor | None = None,
+) -> tuple[Tensor, Tensor | None] | tuple[Tensor, Tensor | None, Tensor]:
+    """log pi(y_t) (B, T) under softmax(logits / temperature), and optionally its entropy (B, T).
+
+    With topk_ids (B, T, K) also returns log pi at those ids (B, T, K), a third value. The head runs only
+    on generated positions (mask == 1), in chunks; under autograd each chunk is checkpointed, so no
+    (B, T, V) float32 logits exist at once, forward or backward.
+    """
+    h, y, head, config = _hidden(model, prompts, completions, mask, pad_id)
+    ids = topk_ids[mask] if topk_ids is not None else None  # (N, K)
     rows = max(1, CHUNK_ELEMS // head.weight.shape[0])
-    parts_lp, parts_ent = [], []
+    parts: list[tuple[Tensor, Tensor, Tensor]] = []
     for s in range(0, h.shape[0], rows):
-        args = (head, config, h[s : s + rows], y[s : s + rows], temperature, entropy)
+        args = (head, config, h[s : s + rows], y[s : s + rows], temperature, entropy, ids[s : s + rows] if ids is not None else None)
         if torch.is_grad_enabled() and h.shape[0] > rows:
             from torch.utils.checkpoint import checkpoint
 
-            lp, ent = checkpoint(_head_logp, *args, use_reentrant=False)
+            parts.append(checkpoint(_head_logp, *args, use_reentrant=False))
         else:
-            lp, ent = _head_logp(*args)
-        parts_lp.append(lp)
-        parts_ent.append(ent)
-    logp = torch.zeros(mask.shape, dtype=torch.float32, device=h.device).masked_scatter(mask, torch.cat(parts_lp))  # (B, T)
-    ent = torch.zeros(mask.shape, dtype=torch.float32, device=h.device).masked_scatter(mask, torch.cat(parts_ent)) if entropy else None
-    return logp, ent
+            parts.append(_head_logp(*args))
+    lp, ent, topk = (torch.cat(x) for x in zip(*parts)) if parts else (h.new_zeros(0), h.new_zeros(0), h.new_zeros((0, 0)))
+    logp = torch.zeros(mask.shape, dtype=torch.float32, device=h.device).masked_scatter(mask, lp)  # (B, T)
+    ent = torch.zeros(mask.shape, dtype=torch.float32, device=h.device).masked_scatter(mask, ent) if entropy else None
+    if topk_ids is None:
+        return logp, ent
+    K = topk_ids.shape[-1]
+    out = torch.zeros((*mask.shape, K), dtype=torch.float32, device=h.device)
+    return logp, ent, out.masked_scatter(mask[..., None].expand_as(out), topk)  # (B, T, K)
+
+
+@torch.no_grad()
+def visit_distributions(model, prompts: list[list[int]], completions: Tensor, mask: Tensor, pad_id: int, temperature: float, visit) -> None:
+    """Call visit(logp (n, V), start) for consecutive chunks of the N generated positions (row-major over
+    mask == 1), logp being the tempered next-token log-distribution: for statistics that need the whole
+    vocabulary (top-K, JS divergence) without ever holding (B, T, V) of it."""
+    h, _, head, config = _hidden(model, prompts, completions, mask, pad_id)
+    rows = max(1, CHUNK_ELEMS // head.weight.shape[0])
+    for s in range(0, h.shape[0], rows):
+        visit(torch.log_softmax(_logits(head, config, h[s : s + rows], temperature), -1), s)

@@ -7,6 +7,7 @@ ignored. Contents:
     optimizer.pt        optimizer state      (tensors and numbers only: loaded with weights_only=True)
     scheduler.pt        LR scheduler state
     method.pt           the method's persistent state (controllers, EMAs)
+    sampler.pt          the sampler's snapshots of recent policies (only with rollout.staleness > 0)
     trainer_state.json  step and seed; the data position and RNG are functions of (seed, step)
     COMPLETE
 """
@@ -45,7 +46,7 @@ def save_weights(model, tokenizer, directory: Path) -> None:
         tokenizer.save_pretrained(directory / "model")
 
 
-def save(run_dir: Path, step: int, model, tokenizer, optimizer, scheduler, method, extra: dict, keep_last: int = 0) -> Path:
+def save(run_dir: Path, step: int, model, tokenizer, optimizer, scheduler, method, extra: dict, keep_last: int = 0, sampler=None) -> Path:
     root = run_dir / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step-{step}"
@@ -56,6 +57,8 @@ def save(run_dir: Path, step: int, model, tokenizer, optimizer, scheduler, metho
     torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
     torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
     torch.save(method.state_dict(), tmp / "method.pt")
+    if sampler is not None and sampler.staleness:
+        torch.save(sampler.state_dict(), tmp / "sampler.pt")
     (tmp / "trainer_state.json").write_text(json.dumps({"step": step, **extra}, indent=2))
     (tmp / MARKER).write_text("ok\n")
     for f in tmp.rglob("*"):
@@ -103,10 +106,12 @@ def load_weights_into(model, directory: Path) -> None:
         model.load_state_dict(saved.state_dict())
 
 
-def load(ckpt: Path, model, optimizer, scheduler, method) -> dict:
+def load(ckpt: Path, model, optimizer, scheduler, method, sampler=None) -> dict:
     """Restore everything a checkpoint holds; returns its trainer_state."""
     load_weights_into(model, ckpt)
     optimizer.load_state_dict(torch.load(ckpt / "optimizer.pt", weights_only=True))
     scheduler.load_state_dict(torch.load(ckpt / "scheduler.pt", weights_only=True))
     method.load_state_dict(torch.load(ckpt / "method.pt", weights_only=True))
+    if sampler is not None and (ckpt / "sampler.pt").is_file():
+        sampler.load_state_dict(torch.load(ckpt / "sampler.pt", weights_only=True))
     return json.loads((ckpt / "trainer_state.json").read_text())

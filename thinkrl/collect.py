@@ -45,7 +45,7 @@ def _round_prompts(prompts: list[Prompt], step: int, rnd: int, per_step: int, se
     return [prompts[i] for i in rng.sample(range(len(prompts)), min(per_step, len(prompts)))]
 
 
-def collect(step: int, prompts: list[Prompt], cfg, model, tok, pool, generator, eos: list[int], pad: int) -> StepSamples:
+def collect(step: int, prompts: list[Prompt], cfg, model, tok, pool, generator, eos: list[int], pad: int, record_topk: int = 0, record_entropy: bool = False) -> StepSamples:
     rc, G = cfg.rollout, cfg.rollout.group_size
     sampling = Sampling(rc.max_new_tokens, rc.temperature, rc.top_p, rc.top_k)
     kept: list[tuple[Prompt, Completions, list[str], Tensor]] = []
@@ -53,7 +53,7 @@ def collect(step: int, prompts: list[Prompt], cfg, model, tok, pool, generator, 
     for rnd in range(rc.max_sampling_rounds if rc.dynamic_sampling else 1):
         batch = _round_prompts(prompts, step, rnd, rc.prompts_per_step, cfg.train.seed)
         t0 = time.perf_counter()
-        comp = generate(model, [p.ids for p in batch], G, sampling, eos, pad, generator)
+        comp = generate(model, [p.ids for p in batch], G, sampling, eos, pad, generator, record_topk, record_entropy)
         t1 = time.perf_counter()
         texts = tok.batch_decode([row[m].tolist() for row, m in zip(comp.tokens, comp.mask)], skip_special_tokens=True)
         scores, vstats = pool.score(texts, [p.answer for p in batch for _ in range(G)])

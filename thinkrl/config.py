@@ -105,8 +105,12 @@ class RolloutConfig:
     """Nucleus sampling mass (1.0 = off)."""
     top_k: int = 0
     """Top-k sampling (0 = off)."""
-    precision: Literal["same"] = "same"
-    """Precision of the sampling copy of the policy; 'same' samples with the trainer's weights."""
+    precision: Literal["same", "bf16", "fp16", "fp8"] = "same"
+    """Weights of the sampling copy of the policy: same = the trainer's; bf16 / fp16 = cast; fp8 = float8
+    (e4m3) fake-quantised linear weights with per-output-channel scales. The trainer keeps its dtype, so
+    anything but 'same' creates a measurable rollout/trainer mismatch (logged as mismatch/*)."""
+    staleness: int = 0
+    """Sample with the policy of this many training steps ago (0 = the current one): controlled off-policy data."""
     batch_size: int = 64
     """Completions decoded together in one generation batch."""
     dynamic_sampling: bool = False
@@ -181,6 +185,9 @@ class TrainConfig:
     """Optimizer steps per pass over one rollout batch."""
     epochs: int = 1
     """Passes over each rollout batch; updates per rollout = mini_batches x epochs."""
+    old_policy: Literal["recompute", "sampler"] = "recompute"
+    """Where pi_old comes from: recompute = the trainer's policy at the start of the update phase;
+    sampler = the sampler's own log-probs (verl's bypass mode: ratios then include staleness and precision)."""
     save_every: int = 0
     """Checkpoint every N steps (0 = only at the end)."""
     keep_last: int = 2
@@ -348,6 +355,7 @@ def resolve(cfg: Config) -> Config:
         (cfg.verifier.timeout > 0 and cfg.verifier.workers >= 1, "verifier.timeout > 0 and verifier.workers >= 1"),
         (cfg.eval.every >= 0 and cfg.eval.limit >= 0, "eval.every and eval.limit must be >= 0"),
         (r.max_sampling_rounds >= 1, "rollout.max_sampling_rounds must be >= 1"),
+        (r.staleness >= 0, "rollout.staleness must be >= 0 (0 = sample with the current policy)"),
         (0 <= cfg.reward.overlong_buffer < r.max_new_tokens, "reward.overlong_buffer must be in [0, rollout.max_new_tokens)"),
         (cfg.correction.c_max > 0 and 0 <= cfg.correction.c_min < cfg.correction.c_max, "correction needs 0 <= c_min < c_max"),
         (cfg.eval.preset in ("auto", "train", "greedy", "reasoning"), f"eval.preset={cfg.eval.preset!r}: choose auto, train, greedy or reasoning"),

@@ -8,7 +8,6 @@ completion costs only for the rows still running.
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 
 import torch
@@ -32,59 +31,47 @@ class Completions:
     mask: Tensor  # (B, T) bool, 1 = generated token (EOS included)
     lengths: Tensor  # (B,) generated tokens per row
     truncated: Tensor  # (B,) bool, hit max_new_tokens without EOS
+    topk_ids: Tensor | None = None  # (B, T, K) top-K ids of the sampling distribution (when recorded)
+    topk_logp: Tensor | None = None  # (B, T, K) its log-probs there
+    entropy: Tensor | None = None  # (B, T) entropy of the sampling distribution (when recorded)
 
     def select(self, rows: Tensor) -> Completions:
         """These rows only, trimmed to their longest completion."""
         T = int(self.lengths[rows].max()) if len(rows) else 0
-        return Completions(self.tokens[rows, :T], self.behav_logp[rows, :T], self.mask[rows, :T], self.lengths[rows], self.truncated[rows])
+        cut = lambda x: x[rows, :T] if x is not None else None  # noqa: E731
+        return Completions(cut(self.tokens), cut(self.behav_logp), cut(self.mask), self.lengths[rows], self.truncated[rows],
+                           cut(self.topk_ids), cut(self.topk_logp), cut(self.entropy))
 
     @staticmethod
     def cat(parts: list[Completions], pad_id: int) -> Completions:
         """Rows of several generation rounds in one batch (right-padded to the longest)."""
         T = max(p.tokens.shape[1] for p in parts)
-        pad = lambda x, v: torch.nn.functional.pad(x, (0, T - x.shape[1]), value=v)  # noqa: E731
+
+        def join(name: str, value):
+            if getattr(parts[0], name) is None:
+                return None
+            padded = []
+            for p in parts:
+                x = getattr(p, name)
+                widths = (0, 0) * (x.dim() - 2) + (0, T - x.shape[1])  # pad dim 1 only
+                padded.append(torch.nn.functional.pad(x, widths, value=value))
+            return torch.cat(padded)
+
         return Completions(
-            torch.cat([pad(p.tokens, pad_id) for p in parts]),
-            torch.cat([pad(p.behav_logp, 0.0) for p in parts]),
-            torch.cat([pad(p.mask, False) for p in parts]),
-            torch.cat([p.lengths for p in parts]),
-            torch.cat([p.truncated for p in parts]),
+            join("tokens", pad_id), join("behav_logp", 0.0), join("mask", False),
+            torch.cat([p.lengths for p in parts]), torch.cat([p.truncated for p in parts]),
+            join("topk_ids", 0), join("topk_logp", 0.0), join("entropy", 0.0),
         )
 
 
-class PolicySampler:
-    """The weights generation runs on: the policy itself (full fine-tuning) or, with LoRA, a plain copy
-    whose linear weights are W + scale * B @ A, refreshed before each rollout. Decoding through unmerged
-    adapters costs two extra matmuls per layer per token; the merge costs one small matmul per layer per step.
-    """
-
-    def __init__(self, policy) -> None:
-        self.model, self._pairs = policy, []
-        if hasattr(policy, "peft_config"):
-            from peft.tuners.lora import LoraLayer
-
-            merged = copy.deepcopy(policy).merge_and_unload().eval().requires_grad_(False)
-            targets = dict(merged.named_modules())
-            for name, module in policy.get_base_model().named_modules():
-                if isinstance(module, LoraLayer):
-                    self._pairs.append((module, targets[name]))
-            self.model = merged
-
-    @torch.no_grad()
-    def refresh(self):
-        """Copy the policy's current adapters into the merged weights; returns the model to sample with."""
-        for lora, target in self._pairs:
-            target.weight.copy_(lora.base_layer.weight + lora.get_delta_weight(lora.active_adapters[0]))
-        return self.model.eval()
-
-
-def _sample(logits: Tensor, s: Sampling, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
-    """Draw one token per row; return (ids (B,), log-prob of each under the sampling distribution (B,))."""
+def _sample(logits: Tensor, s: Sampling, generator: torch.Generator | None) -> tuple[Tensor, Tensor, Tensor]:
+    """Draw one token per row; return ids (B,), their log-probs (B,) and the whole log-distribution (B, V)
+    they were drawn from (tempered and truncated; -inf outside the top-k / top-p set)."""
     logits = logits.float()  # (B, V)
     if s.temperature == 0:
         logp = torch.log_softmax(logits, -1)
         ids = logp.argmax(-1)
-        return ids, logp.gather(-1, ids[:, None]).squeeze(-1)
+        return ids, logp.gather(-1, ids[:, None]).squeeze(-1), logp
     logits = logits / s.temperature
     if s.top_k > 0:
         kth = torch.topk(logits, min(s.top_k, logits.shape[-1]), dim=-1).values[:, -1:]  # (B, 1)
@@ -101,7 +88,7 @@ def _sample(logits: Tensor, s: Sampling, generator: torch.Generator | None) -> t
     cdf = logp.exp().cumsum(-1)  # (B, V)
     u = torch.rand((logits.shape[0], 1), generator=generator, device=logits.device) * cdf[:, -1:]  # (B, 1)
     ids = torch.searchsorted(cdf, u, right=True).clamp(max=logits.shape[-1] - 1).squeeze(-1)  # (B,)
-    return ids, logp.gather(-1, ids[:, None]).squeeze(-1)
+    return ids, logp.gather(-1, ids[:, None]).squeeze(-1), logp
 
 
 @torch.no_grad()
@@ -113,8 +100,12 @@ def generate(
     eos_ids: list[int],
     pad_id: int,
     generator: torch.Generator | None = None,
+    record_topk: int = 0,
+    record_entropy: bool = False,
 ) -> Completions:
-    """Completions for each prompt, `group_size` consecutive rows per prompt."""
+    """Completions for each prompt, `group_size` consecutive rows per prompt; optionally the top-K ids and
+    log-probs and the entropy of the distribution each token was drawn from (methods that use the sampler
+    as their proposal or old policy)."""
     from transformers import DynamicCache
 
     device = next(model.parameters()).device
@@ -135,11 +126,19 @@ def generate(
     lengths = torch.zeros(B, dtype=torch.long, device=device)
     finished = torch.zeros(B, dtype=torch.bool, device=device)
     eos = torch.tensor(eos_ids, device=device)
+    topk_ids = torch.zeros((B, T, record_topk), dtype=torch.long, device=device) if record_topk else None
+    topk_logp = torch.zeros((B, T, record_topk), device=device) if record_topk else None
+    entropy = torch.zeros((B, T), device=device) if record_entropy else None
     rows = torch.arange(B, device=device)  # which original rows are still in the decode batch
     for t in range(T):
-        tok, lp = _sample(logits, sampling, generator)  # (b,), (b,)
+        tok, lp, dist = _sample(logits, sampling, generator)  # (b,), (b,), (b, V)
         tokens[rows, t] = tok
         behav[rows, t] = lp
+        if record_topk:
+            top = dist.topk(min(record_topk, dist.shape[-1]), dim=-1)  # (b, K)
+            topk_ids[rows, t], topk_logp[rows, t] = top.indices, top.values.clamp(min=-1e4)  # -inf (truncated) -> finite
+        if record_entropy:
+            entropy[rows, t] = -torch.where(dist > -torch.inf, dist.exp() * dist, 0.0).sum(-1)
         lengths[rows] += 1
         done = torch.isin(tok, eos)
         finished[rows] |= done
@@ -155,4 +154,5 @@ def generate(
         next_pos = next_pos + 1
     T_used = int(lengths.max())
     mask = torch.arange(T, device=device)[None, :] < lengths[:, None]
-    return Completions(tokens[:, :T_used], behav[:, :T_used], mask[:, :T_used], lengths, ~finished)
+    cut = lambda x: x[:, :T_used] if x is not None else None  # noqa: E731
+    return Completions(cut(tokens), cut(behav), cut(mask), lengths, ~finished, cut(topk_ids), cut(topk_logp), cut(entropy))

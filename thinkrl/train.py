@@ -32,7 +32,7 @@ from thinkrl.evaluate import eval_during_training
 from thinkrl.logs import JsonlLog, console, progress, step_line
 from thinkrl.methods import get_method
 from thinkrl.models import load_base, load_policy, parameter_counts
-from thinkrl.rollout import PolicySampler
+from thinkrl.sampler import PolicySampler
 from thinkrl.update import RolloutBatch, update
 from thinkrl.verifier import VerifierPool, load_grader
 
@@ -123,17 +123,18 @@ def train(cfg: Config, resume: bool = False) -> Path:
     ref_model = _reference(cfg, model, device) if "ref_logp" in method.requires else None
     start = 0
     metrics_log, rollouts_log = JsonlLog(run_dir / "metrics.jsonl"), JsonlLog(run_dir / "rollouts.jsonl")
+    sampler = PolicySampler(accelerator.unwrap_model(model), rc.precision, rc.staleness)
     if ckpt is not None:
-        start = checkpoint.load(ckpt, accelerator.unwrap_model(model), optimizer, scheduler, method)["step"]
+        start = checkpoint.load(ckpt, accelerator.unwrap_model(model), optimizer, scheduler, method, sampler)["step"]
         console.print(f"resuming {run_dir} from {ckpt.name}")
     metrics_log.truncate_after(start)
     rollouts_log.truncate_after(start)
     eos, pad = eos_ids(accelerator.unwrap_model(model), tok), tok.pad_token_id
-    sampler = PolicySampler(accelerator.unwrap_model(model))
+    records = _sampler_records(method, cfg)
 
     def save(step: int) -> None:
         state = {"seed": tc.seed, "method": cfg.method.name}
-        checkpoint.save(run_dir, step, accelerator.unwrap_model(model), tok, optimizer, scheduler, method, state, tc.keep_last)
+        checkpoint.save(run_dir, step, accelerator.unwrap_model(model), tok, optimizer, scheduler, method, state, tc.keep_last, sampler)
 
     flag = StopFlag()
     try:
@@ -144,7 +145,7 @@ def train(cfg: Config, resume: bool = False) -> Path:
                 generator = seed_step(tc.seed, step + 1, device)
 
                 # 1-2. rollout and score: G completions per prompt with behaviour log-probs, rewards (B,)
-                samples = collect(step, prompts, cfg, sampler.refresh(), tok, pool, generator, eos, pad)
+                samples = collect(step, prompts, cfg, sampler.refresh(), tok, pool, generator, eos, pad, **records)
                 t2 = time.perf_counter()
 
                 # 3. advantages (B,) and 4. update (skipped when dynamic sampling kept no group)
@@ -162,7 +163,7 @@ def train(cfg: Config, resume: bool = False) -> Path:
                 done = step + 1 == tc.steps
                 evals = {}
                 if cfg.eval.every and ((step + 1) % cfg.eval.every == 0 or done):
-                    evals = eval_during_training(sampler.refresh(), tok, cfg, run_dir, step + 1, pool)
+                    evals = eval_during_training(sampler.refresh(current=True), tok, cfg, run_dir, step + 1, pool)
                     evals["time/eval"] = time.perf_counter() - t3
                 record = _step_record(step + 1, samples, upd, astats, {"time/update": t3 - t2, "time/step": t3 - t0, **evals})
                 metrics_log.write(record)
@@ -179,6 +180,15 @@ def train(cfg: Config, resume: bool = False) -> Path:
         flag.restore()
     console.print(f"run directory: {run_dir}")
     return run_dir
+
+
+def _sampler_records(method, cfg: Config) -> dict:
+    """What the sampler must record while decoding: with train.old_policy=sampler its distribution stands
+    in for pi_old, so a method's top-K proposal and old entropy come from there (thinkrl/proximal.py)."""
+    if cfg.train.old_policy != "sampler":
+        return {}
+    needs = method.requires
+    return {"record_topk": method.topk_width if needs & {"topk_ids", "topk_old_logp", "topk_logp"} else 0, "record_entropy": "old_entropy" in needs}
 
 
 def _reference(cfg: Config, model, device):

@@ -2,7 +2,8 @@
 
 updates per rollout = train.mini_batches x train.epochs. With one update the policy that sampled the
 batch is the policy being updated, so old_logp = logp.detach() exactly and no extra forward is spent;
-otherwise old_logp (and old_entropy when the method asks) is recomputed once, before the first update.
+otherwise old_logp, and whatever else the method requires of pi_old, comes from one no-grad pass before
+the first update (thinkrl/proximal.py), after which the method's begin_step sees the whole batch.
 Within a mini-batch, sequences are sorted by length and cut into micro-batches of train.micro_batch_size;
 losses use the mini-batch's global token and sequence counts, so the split never changes the update.
 """
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from thinkrl import correction
+from thinkrl import correction, proximal
 from thinkrl.batch import TokenBatch, token_logprobs
 from thinkrl.methods._common import masked_mean
 from thinkrl.rollout import Completions
@@ -29,34 +30,14 @@ class RolloutBatch:
     group_size: int  # rows g*G .. g*G+G-1 answer prompt g
 
 
-def _micro_batches(rows: Tensor, lengths: Tensor, size: int, group_size: int) -> list[Tensor]:
-    """Rows ordered by prompt group, longest completion first within a group, cut into micro-batches:
-    a group's completions share one prompt forward, and similar lengths pad less."""
-    key = (rows // group_size) * (lengths.max() + 1) - lengths[rows]
-    order = rows[torch.argsort(key, stable=True)]
-    return list(order.split(size))
-
-
-def _forward(model, rb: RolloutBatch, rows: Tensor, pad_id: int, temperature: float, entropy: bool):
-    """logp and entropy of the given rows, trimmed to their longest completion."""
+def _forward(model, rb: RolloutBatch, rows: Tensor, pad_id: int, temperature: float, topk_ids: Tensor | None):
+    """logp, entropy (and log-probs at topk_ids) of the given rows, trimmed to their longest completion."""
     T = int(rb.comp.lengths[rows].max())
     prompts = [rb.prompt_ids[i] for i in rows.tolist()]
-    logp, ent = token_logprobs(model, prompts, rb.comp.tokens[rows, :T], rb.comp.mask[rows, :T], pad_id, temperature, entropy)
-    return logp, ent, T
-
-
-@torch.no_grad()
-def _full_pass(model, rb: RolloutBatch, size: int, pad_id: int, temperature: float, entropy: bool) -> tuple[Tensor, Tensor]:
-    """(B, T) log-probs and entropies of the whole rollout batch under `model`, without grad."""
-    B, T = rb.comp.tokens.shape
-    logp = torch.zeros((B, T), device=rb.comp.tokens.device)
-    ent = torch.zeros((B, T), device=rb.comp.tokens.device)
-    for rows in _micro_batches(torch.arange(B), rb.comp.lengths.cpu(), size, rb.group_size):
-        lp, e, t = _forward(model, rb, rows, pad_id, temperature, entropy)
-        logp[rows, :t] = lp
-        if e is not None:
-            ent[rows, :t] = e
-    return logp, ent
+    ids = topk_ids[rows, :T] if topk_ids is not None else None
+    out = token_logprobs(model, prompts, rb.comp.tokens[rows, :T], rb.comp.mask[rows, :T], pad_id, temperature, True, ids)
+    logp, ent = out[0], out[1]
+    return logp, ent, (out[2] if ids is not None else None), T
 
 
 def update(model, method, optimizer, scheduler, accelerator, rb: RolloutBatch, cfg, pad_id: int, generator, ref_model: Callable | None) -> dict[str, float]:
@@ -65,18 +46,17 @@ def update(model, method, optimizer, scheduler, accelerator, rb: RolloutBatch, c
     B = rb.comp.tokens.shape[0]
     lengths = rb.comp.lengths.cpu()
     mask_cpu = rb.comp.mask.cpu()  # token counts from here: no device sync per micro-batch
-    recompute = tc.mini_batches * tc.epochs > 1 or "old_entropy" in needs
-    old_logp = old_ent = ref_logp = None
-    if recompute:
-        old_logp, old_ent = _full_pass(model, rb, tc.micro_batch_size, pad_id, temperature, "old_entropy" in needs)
+    old = proximal.old_policy(model, rb, method, cfg, pad_id)  # no-op unless the update needs pi_old first
+    ref_logp = None
     if "ref_logp" in needs:
         with ref_model() as ref:
-            ref_logp, _ = _full_pass(ref, rb, tc.micro_batch_size, pad_id, temperature, False)
+            ref_logp = proximal.policy_pass(ref, rb, cfg, pad_id).logp
+    sums: dict[str, Tensor] = {}  # detached running sums; .item() once at the end (no per-micro-batch sync)
+    step_metrics = method.begin_step(_view(rb, old)) if old.logp is not None else {}
 
     # a method that takes statistics over the batch it sees (80/20, STAPO) gets the whole mini-batch at once
-    micro_size = B if getattr(type(method), "batch_statistics", False) else tc.micro_batch_size
+    micro_size = B if method.batch_statistics else tc.micro_batch_size
     params = [p for p in model.parameters() if p.requires_grad]
-    sums: dict[str, Tensor] = {}  # detached running sums; .item() once at the end (no per-micro-batch sync)
     counts = {"tokens": 0, "updates": 0}
     model.train()
     for _ in range(tc.epochs):
@@ -85,30 +65,38 @@ def update(model, method, optimizer, scheduler, accelerator, rb: RolloutBatch, c
         for mini in order.chunk(tc.mini_batches):
             num_tokens, num_seqs = int(mask_cpu[mini].sum()), len(mini)
             loss_sum = 0.0
-            for rows in _micro_batches(mini, lengths, micro_size, rb.group_size):
+            for rows in proximal.micro_batches(mini, lengths, micro_size, rb.group_size):
                 n = int(mask_cpu[rows].sum())
                 if n == 0:
                     continue  # every token masked (e.g. mask_truncated): nothing to learn from these rows
-                logp, ent, T = _forward(model, rb, rows, pad_id, temperature, entropy=True)
+                logp, ent, topk_logp, T = _forward(model, rb, rows, pad_id, temperature, old.topk_ids if "topk_logp" in needs else None)
                 mask = rb.comp.mask[rows, :T]
-                old = old_logp[rows, :T] if recompute else logp.detach()
+                old_logp = old.logp[rows, :T] if old.logp is not None else logp.detach()
                 behav = rb.comp.behav_logp[rows, :T]
+                cut = lambda x, rows=rows, T=T: x[rows, :T] if x is not None else None  # noqa: E731
                 batch = TokenBatch(
                     logp=logp,
-                    old_logp=old,
+                    old_logp=old_logp,
                     behav_logp=behav,
                     advantages=rb.advantages[rows],
                     mask=mask,
+                    token_ids=rb.comp.tokens[rows, :T],
                     entropy=ent if "entropy" in needs else None,
-                    old_entropy=old_ent[rows, :T] if "old_entropy" in needs else None,
-                    ref_logp=ref_logp[rows, :T] if ref_logp is not None else None,
+                    old_entropy=cut(old.entropy) if "old_entropy" in needs else None,
+                    ref_logp=cut(ref_logp),
+                    topk_ids=cut(old.topk_ids) if needs & {"topk_ids", "topk_old_logp", "topk_logp"} else None,
+                    topk_old_logp=cut(old.topk_logp) if needs & {"topk_ids", "topk_old_logp", "topk_logp"} else None,
+                    topk_logp=topk_logp,
+                    token_js=cut(old.token_js),
                     num_tokens=num_tokens,
                     num_seqs=num_seqs,
                     generator=generator,
-                    is_weights=correction.weights(old, behav, mask, cfg.correction),
+                    is_weights=correction.weights(old_logp, behav, mask, cfg.correction),
                 )
                 loss, metrics = method.loss(batch)
-                metrics = {**metrics, **correction.mismatch_stats(old, behav, mask)}
+                # the sampler against the trainer: pi_old, or this forward's logp when pi_old is the sampler itself
+                trainer_logp = logp.detach() if cfg.train.old_policy == "sampler" else old_logp
+                metrics = {**metrics, **correction.mismatch_stats(trainer_logp, behav, mask)}
                 if batch.is_weights is not None:
                     metrics["correction/weight_mean"] = masked_mean(batch.is_weights, mask)
                     metrics["correction/zero_frac"] = masked_mean(batch.is_weights == 0, mask)
@@ -130,8 +118,16 @@ def update(model, method, optimizer, scheduler, accelerator, rb: RolloutBatch, c
             counts["updates"] += 1
     out = {k: (v / counts["updates"]) if k in ("loss", "grad_norm") else v / max(counts["tokens"], 1) for k, v in sums.items()}
     out = {k: float(v) for k, v in out.items()}
+    out.update({k: float(v) for k, v in step_metrics.items()})
     out["lr"] = scheduler.get_last_lr()[0]
     return out
+
+
+def _view(rb: RolloutBatch, old) -> TokenBatch:
+    """The whole rollout batch as a detached TokenBatch, for Method.begin_step."""
+    comp = rb.comp
+    return TokenBatch(logp=old.logp, old_logp=old.logp, behav_logp=comp.behav_logp, advantages=rb.advantages,
+                      mask=comp.mask, token_ids=comp.tokens, old_entropy=old.entropy)
 
 
 def _add(sums: dict[str, Tensor], key: str, value) -> None:

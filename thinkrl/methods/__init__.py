@@ -52,6 +52,23 @@ class Method:
         """Optional TokenBatch fields this method reads, e.g. {'entropy'}; the trainer supplies exactly these."""
         return set()
 
+    batch_statistics: ClassVar[bool] = False
+    """True for methods whose loss uses statistics of the whole batch it is called with (quantiles, top-k
+    selections): the trainer then passes each mini-batch in one call instead of micro-batches."""
+
+    @property
+    def topk_width(self) -> int:
+        """K of the top-K proposal fields (topk_ids, topk_old_logp, topk_logp) when `requires` lists them."""
+        return 0
+
+    def begin_step(self, view) -> dict[str, Tensor]:
+        """Called once per training step, before the first update, with a detached TokenBatch `view` of the
+        whole rollout batch: logp == old_logp, behav_logp, advantages, mask, and old_entropy when `requires`
+        lists it. Controllers set their per-step state here (STARE's entropy gate, AIS's mixing
+        coefficient); keep it in `state_dict` so `--resume` continues it. Returns metrics to log.
+        The trainer runs a no-grad pass for old_logp before this when a method overrides it."""
+        return {}
+
     def loss(self, batch) -> tuple[Tensor, dict[str, Tensor]]:
         raise NotImplementedError
 

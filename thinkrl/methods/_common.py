@@ -8,6 +8,7 @@ padding into the loss or the gradient.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Literal
 
 import torch
@@ -142,3 +143,15 @@ def masked_quantile(x: Tensor, mask: Tensor, q: float, dim: int | None = None) -
     hi = ordered.gather(-1, above[:, None]).squeeze(-1)  # (R,)
     out = torch.where(n > 0, torch.lerp(lo, hi, rank - below.to(x.dtype)), 0.0)  # (R,)
     return out[0] if dim is None else out
+
+
+def js_divergence(p: Tensor, q: Tensor) -> Tensor:
+    """Jensen-Shannon divergence over the last dim, natural log, 0 log 0 = 0: (..., V), (..., V) -> (...).
+
+    Broadcasts, so js_divergence(probs (N, V), mean (V,)) is each row's divergence to the mean (N,).
+    """
+    m = 0.5 * (p + q)
+    # xlogy(0, .) = 0: a zero entry of p (or q) contributes nothing, even where m is 0 too
+    kl_pm = (torch.xlogy(p, p) - torch.xlogy(p, m)).sum(-1)  # (...)
+    kl_qm = (torch.xlogy(q, q) - torch.xlogy(q, m)).sum(-1)  # (...)
+    return (0.5 * (kl_pm + kl_qm)).clamp(0.0, math.log(2.0))  # rounding can step just outside [0, ln 2]

@@ -1,0 +1,183 @@
+"""What the trainer supplies beyond log-probs (thinkrl/proximal.py), and the sampler's precision and
+staleness (thinkrl/sampler.py), checked against brute-force full-vocabulary computations on the tiny model."""
+
+import pytest
+import torch
+from test_cli_e2e import invoke, tiny_args
+
+from thinkrl.batch import token_logprobs
+from thinkrl.config import Config
+from thinkrl.logs import read_jsonl
+from thinkrl.methods._common import js_divergence
+from thinkrl.proximal import old_policy
+from thinkrl.rollout import Completions, Sampling, generate
+from thinkrl.sampler import PolicySampler, fake_fp8
+from thinkrl.update import RolloutBatch
+
+PROMPTS = [[7, 8, 9, 10], [11, 12, 13]]
+
+
+def tiny(tiny_model_dir, lora: bool = True):
+    from transformers import AutoModelForCausalLM
+
+    from thinkrl.config import LoraConfig
+    from thinkrl.models import add_lora
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    if lora:
+        model = add_lora(model, LoraConfig(rank=4, alpha=8))
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.data.normal_(0, 0.5)
+    return model
+
+
+def rollout(model, G=3, T=6, **record):
+    comp = generate(model, PROMPTS, G, Sampling(T, 1.0), eos_ids=[1], pad_id=0, generator=torch.Generator().manual_seed(0), **record)
+    return RolloutBatch([p for p in PROMPTS for _ in range(G)], comp, torch.zeros(len(PROMPTS) * G), G)
+
+
+def full_logits(model, rb, temperature=1.0):
+    """(B, T, V) log-distributions by one plain forward per row: the brute-force reference."""
+    B, T = rb.comp.tokens.shape
+    out = []
+    for i in range(B):
+        ids = torch.tensor([rb.prompt_ids[i] + rb.comp.tokens[i].tolist()])
+        logits = model(input_ids=ids).logits[0, len(rb.prompt_ids[i]) - 1 : len(rb.prompt_ids[i]) - 1 + T]
+        out.append(torch.log_softmax(logits.float() / temperature, -1))
+    return torch.stack(out)
+
+
+class Wants:
+    """A stand-in method that requires the given fields."""
+
+    def __init__(self, requires, K=0, reference="batch"):
+        self.requires, self.topk_width, self.js_reference = set(requires), K, reference
+
+    def begin_step(self, view):
+        return {}
+
+
+@torch.no_grad()
+def test_old_policy_pass_matches_the_full_softmax(tiny_model_dir):
+    model = tiny(tiny_model_dir).eval()
+    rb = rollout(model)
+    ref = full_logits(model, rb)  # (B, T, V)
+    mask = rb.comp.mask
+    cfg = Config()
+    cfg.train.micro_batch_size = 2  # several chunks of rows
+    old = old_policy(model, rb, Wants({"old_entropy", "topk_ids", "token_js"}, K=3), cfg, pad_id=0)
+    want_logp = ref.gather(-1, rb.comp.tokens[..., None]).squeeze(-1)
+    assert torch.allclose(old.logp[mask], want_logp[mask], atol=1e-5)
+    assert torch.allclose(old.entropy[mask], -(ref.exp() * ref).sum(-1)[mask], atol=1e-4)
+    top = ref.topk(3, dim=-1)
+    assert torch.equal(old.topk_ids[mask], top.indices[mask])
+    assert torch.allclose(old.topk_logp[mask], top.values[mask], atol=1e-5)
+    # token_js against the mean distribution of every valid position of the batch
+    p = ref.exp()[mask]  # (N, V)
+    assert torch.allclose(old.token_js[mask], js_divergence(p, p.mean(0)), atol=1e-5)
+    assert (old.token_js[~mask] == 0).all()
+    # and per response
+    per = old_policy(model, rb, Wants({"token_js"}, reference="response"), cfg, pad_id=0).token_js
+    for i in range(mask.shape[0]):
+        pi = ref[i][mask[i]].exp()
+        assert torch.allclose(per[i][mask[i]], js_divergence(pi, pi.mean(0)), atol=1e-5)
+
+
+def test_training_forward_gathers_pi_theta_at_the_proposal_ids(tiny_model_dir):
+    model = tiny(tiny_model_dir)
+    rb = rollout(model.eval())
+    ids = torch.randint(0, 50, (*rb.comp.tokens.shape, 4))
+    logp, _, at_ids = token_logprobs(model, rb.prompt_ids, rb.comp.tokens, rb.comp.mask, 0, 1.0, False, ids)
+    with torch.no_grad():
+        ref = full_logits(model, rb)
+    m = rb.comp.mask
+    assert torch.allclose(at_ids[m], ref.gather(-1, ids)[m], atol=1e-5)
+    at_ids.sum().backward()  # it carries the gradient of pi_theta
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters() if p.requires_grad)
+
+
+def test_sampler_records_its_top_k_and_entropy(tiny_model_dir):
+    model = tiny(tiny_model_dir).eval()
+    comp = rollout(model, record_topk=4, record_entropy=True).comp
+    m = comp.mask
+    assert comp.topk_ids.shape == (*comp.tokens.shape, 4)
+    # when the sampled token is in the recorded top-K, its recorded log-prob is behav_logp
+    hit = (comp.topk_ids == comp.tokens[..., None]) & m[..., None]
+    assert torch.allclose(comp.topk_logp[hit], comp.behav_logp[..., None].expand_as(hit)[hit])
+    assert (comp.entropy[m] > 0).all()
+    both = Completions.cat([comp.select(torch.tensor([0, 1])), comp.select(torch.tensor([2]))], pad_id=0)
+    assert torch.equal(both.topk_ids[:3, : both.tokens.shape[1]], comp.topk_ids[:3, : both.tokens.shape[1]])
+
+
+def test_fake_fp8_rounds_each_row_to_its_own_scale():
+    w = torch.tensor([[1.0, 0.1234567, -448.0], [1e-3, 2e-3, 3e-3]])
+    q = fake_fp8(w)
+    assert q[0, 2] == -448.0 and q[0, 0] == 1.0  # representable values stay exactly
+    assert q[0, 1] != w[0, 1] and abs(q[0, 1] - w[0, 1]) / w[0, 1] < 0.07  # e4m3: 3 mantissa bits
+    assert torch.allclose(q[1], w[1], rtol=0.07) and q[1, 2] == pytest.approx(3e-3)  # the row's own scale
+
+
+@pytest.mark.parametrize("lora", [True, False])
+@pytest.mark.parametrize("precision", ["same", "bf16", "fp16", "fp8"])
+def test_sampler_precision_changes_the_weights_not_the_policy(tiny_model_dir, precision, lora):
+    policy = tiny(tiny_model_dir, lora)
+    before = {n: p.detach().clone() for n, p in policy.named_parameters()}
+    sampler = PolicySampler(policy, precision)
+    model = sampler.refresh()
+    ids = torch.tensor([PROMPTS[0]])
+    with torch.no_grad():
+        diff = (model(input_ids=ids).logits.float() - policy(input_ids=ids).logits).abs().max().item()
+    if precision == "same":
+        assert diff < 1e-5
+    else:
+        assert diff > 1e-5  # a real, measurable mismatch
+        assert diff < 0.5  # but the same model
+    assert all(torch.equal(p, before[n]) for n, p in policy.named_parameters())  # the trainer is untouched
+    if precision in ("bf16", "fp16"):
+        assert next(model.parameters()).dtype == {"bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+
+
+def test_staleness_samples_with_the_policy_of_k_steps_ago(tiny_model_dir):
+    policy = tiny(tiny_model_dir)
+    ids = torch.tensor([PROMPTS[0]])
+    sampler = PolicySampler(policy, staleness=2)
+    seen, logits = [], []
+    with torch.no_grad():
+        for _ in range(5):
+            seen.append(policy(input_ids=ids).logits.clone())  # the policy at the start of this step
+            logits.append(sampler.refresh()(input_ids=ids).logits.clone())
+            for n, p in policy.named_parameters():
+                if "lora_A" in n:
+                    p.add_(0.1)  # an "update"
+        for step in range(5):
+            assert torch.allclose(logits[step], seen[max(step - 2, 0)], atol=1e-5)
+        # the current weights, for evaluation
+        assert torch.allclose(sampler.refresh(current=True)(input_ids=ids).logits, policy(input_ids=ids).logits, atol=1e-5)
+    # the FIFO round-trips through a state dict (checkpoints)
+    other = PolicySampler(policy, staleness=2)
+    other.load_state_dict(sampler.state_dict())
+    assert all(torch.equal(a[n], b[n]) for a, b in zip(sampler.history, other.history) for n in a)
+
+
+def test_precision_mismatch_is_logged_end_to_end(tiny_model_dir, tmp_path):
+    invoke(tiny_args(tiny_model_dir, tmp_path / "fp8", 2, "-o", "rollout.precision=fp8"))
+    invoke(tiny_args(tiny_model_dir, tmp_path / "same", 2))
+    fp8 = read_jsonl(tmp_path / "fp8" / "metrics.jsonl")
+    same = read_jsonl(tmp_path / "same" / "metrics.jsonl")
+    assert all(m["mismatch/abs_log_ratio"] > 1e-4 and m["mismatch/k3"] > 0 for m in fp8)
+    assert all(m["mismatch/abs_log_ratio"] < 1e-5 for m in same)
+
+
+def test_staleness_and_sampler_old_policy_resume_exactly(tiny_model_dir, tmp_path):
+    opts = ("-o", "rollout.staleness=1", "-o", "train.old_policy=sampler")
+    keys = ["reward/mean", "loss", "grad_norm", "mismatch/abs_log_ratio"]
+    invoke(tiny_args(tiny_model_dir, tmp_path / "straight", 4, *opts))
+    invoke(tiny_args(tiny_model_dir, tmp_path / "split", 2, *opts))
+    invoke(["train", "--resume", str(tmp_path / "split"), "-o", "train.steps=4"])
+    straight = [{k: m[k] for k in keys} for m in read_jsonl(tmp_path / "straight" / "metrics.jsonl")]
+    split = [{k: m[k] for k in keys} for m in read_jsonl(tmp_path / "split" / "metrics.jsonl")]
+    assert split == straight
+    # stale samples: from step 2 on the sampler lags the policy, so the mismatch is real
+    assert straight[0]["mismatch/abs_log_ratio"] < 1e-5 < straight[1]["mismatch/abs_log_ratio"]

@@ -1,0 +1,121 @@
+"""The weights rollouts are sampled with: the policy, or a copy of it at another precision or staleness.
+
+A real RL stack samples with an inference engine (vLLM, SGLang) whose weights and kernels differ from the
+trainer's: bf16 or fp8 weights, a policy a few updates old. The mismatch between the sampler's log-probs
+(mu, recorded as behav_logp) and the trainer's (pi_old) is what TIS/MIS, AIS, DPPO and DRPO are about, so
+thinkrl can produce it on one machine:
+
+    rollout.precision  same   sample with the trainer's weights (LoRA merged into a plain copy: faster decode)
+                       bf16   a copy cast to bfloat16 (weights and activations)
+                       fp16   a copy cast to float16
+                       fp8    linear weights fake-quantised to float8 e4m3 with one scale per output channel
+                              (the output head stays as is, as fp8 inference engines do); activations keep
+                              the trainer's dtype
+    rollout.staleness  k      sample with the trainable weights of k steps ago (a FIFO of snapshots, saved in
+                              checkpoints so --resume continues it)
+
+The copy is rebuilt from the policy before every rollout; the trainer never changes dtype.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import deque
+
+import torch
+from torch import Tensor, nn
+
+FP8_MAX = 448.0  # largest finite float8 e4m3 value
+CAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def fake_fp8(w: Tensor) -> Tensor:
+    """w rounded to float8 e4m3 with a per-output-channel (row) scale, returned in w's dtype.  (O, I) -> (O, I)"""
+    scale = w.abs().amax(dim=-1, keepdim=True).float().clamp(min=1e-12) / FP8_MAX  # (O, 1)
+    q = (w.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return (q.float() * scale).to(w.dtype)
+
+
+def _linear_weights(model) -> set[str]:
+    """Names of the weights of every nn.Linear except the output head (those fp8 engines quantise)."""
+    head = model.get_output_embeddings()
+    return {f"{name}.weight" for name, m in model.named_modules() if isinstance(m, nn.Linear) and m is not head}
+
+
+class PolicySampler:
+    """`refresh()` returns the model to sample this step's rollout with."""
+
+    def __init__(self, policy, precision: str = "same", staleness: int = 0) -> None:
+        if precision not in ("same", "bf16", "fp16", "fp8"):
+            raise ValueError(f"rollout.precision={precision!r}: choose same, bf16, fp16 or fp8")
+        self.policy, self.precision, self.staleness = policy, precision, staleness
+        self.lora = hasattr(policy, "peft_config")
+        self.trainable = {n: p for n, p in policy.named_parameters() if p.requires_grad}
+        self.history: deque[dict[str, Tensor]] = deque(maxlen=staleness + 1)
+        self._pairs: list = []
+        if not self.lora and precision == "same" and staleness == 0:
+            self.model = policy  # full fine-tuning at the trainer's precision: sample with the policy itself
+            return
+        if self.lora:
+            from peft.tuners.lora import LoraLayer
+
+            # decoding through unmerged adapters costs two extra matmuls per layer per token; merging costs
+            # one small matmul per layer per step
+            self.model = copy.deepcopy(policy).merge_and_unload()
+            targets = dict(self.model.named_modules())
+            self._pairs = [(m, targets[n]) for n, m in policy.get_base_model().named_modules() if isinstance(m, LoraLayer)]
+            fixed = _linear_weights(self.model) - {f"{n}.weight" for n, m in policy.get_base_model().named_modules() if isinstance(m, LoraLayer)}
+        else:
+            self.model = copy.deepcopy(policy)
+            fixed = set()
+        self.model.eval().requires_grad_(False)
+        if precision in CAST:
+            self.model.to(CAST[precision])
+        self._quantised = _linear_weights(self.model) if precision == "fp8" else set()
+        with torch.no_grad():  # frozen weights outside the LoRA targets: transform once
+            for name, p in self.model.named_parameters():
+                if name in fixed and name in self._quantised:
+                    p.copy_(fake_fp8(p))
+
+    @torch.no_grad()
+    def refresh(self, current: bool = False):
+        """Rebuild the sampling weights from the policy (from the snapshot of `staleness` steps ago unless
+        `current`); call once before each rollout, which also records this step's snapshot."""
+        if self.model is self.policy:
+            return self.model.eval()
+        if self.staleness and not current:
+            self.history.append({n: p.detach().clone() for n, p in self.trainable.items()})
+            if len(self.history) > 1:  # sample with the oldest snapshot: k steps ago (or the start)
+                self._load(self.history[0])
+                self._rebuild()
+                self._load(self.history[-1])
+                return self.model.eval()
+        self._rebuild()
+        return self.model.eval()
+
+    def _load(self, state: dict[str, Tensor]) -> None:
+        for n, p in self.trainable.items():
+            p.copy_(state[n])
+
+    def _rebuild(self) -> None:
+        if self.lora:
+            for lora, target in self._pairs:
+                w = lora.base_layer.weight + lora.get_delta_weight(lora.active_adapters[0])
+                target.weight.copy_(self._transform(w, True))
+        else:
+            params = dict(self.model.named_parameters())
+            for name, p in self.policy.named_parameters():
+                params[name].copy_(self._transform(p, name in self._quantised))
+
+    def _transform(self, w: Tensor, linear: bool) -> Tensor:
+        return fake_fp8(w) if linear and self.precision == "fp8" else w  # copy_ casts for bf16 / fp16
+
+    def state_dict(self) -> dict:
+        """The staleness FIFO (empty without staleness): saved in checkpoints for an exact resume."""
+        return {"history": [{n: t.cpu() for n, t in s.items()} for s in self.history]}
+
+    def load_state_dict(self, state: dict) -> None:
+        device = next(iter(self.trainable.values())).device if self.trainable else "cpu"
+        self.history.clear()
+        for snap in state.get("history", []):
+            self.history.append({n: t.to(device) for n, t in snap.items()})
