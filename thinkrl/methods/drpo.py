@@ -1,0 +1,89 @@
+"""DRPO: Divergence Regularized Policy Optimization.
+
+Paper: "Rethinking the Divergence Regularization in LLM RL", arXiv 2606.09821. Exact-from-code reference:
+Tencent-Hunyuan/UniRL `unirl/algorithms/drpo.py::_drpo_loss`, `DRPO/README.md` (paper Eq. 8/9, Table 1),
+`DRPO/config.yaml`.
+
+DPPO's Binary-TV trust region |pi - mu| <= delta is the token-adaptive ratio bound |r - 1| <= delta / mu.
+DRPO keeps that geometry but replaces the hard mask by a smooth, advantage-weighted quadratic penalty in
+probability space (SPO's penalty with the token-adaptive epsilon; unlike a chi^2 penalty it stays bounded
+for rare tokens). Objective (minimised), per token t:
+
+    r_t   = exp(clip(log pi_theta(y_t) - log mu(y_t), -20, 20))     (differentiable: no detach, no truncation)
+    mu_t  = exp(log mu(y_t))                                         (detached)
+    l_t   = -A r_t + |A| / (2 delta) mu_t (r_t - 1)^2
+    loss  = aggregate(l, mode=aggregation)                           (x rollout-correction weights if enabled)
+
+Its gradient (paper Eq. 9) is d l_t / d log pi_theta = -A r_t w_t with
+    w_t = 1 - sign(A (r_t - 1)) |pi_theta - mu| / delta  in [1 - 1/delta, 1 + 1/delta]:
+updates that diverge from mu in the advantage's direction are shrunk (w = 0 exactly at |pi - mu| = delta,
+corrective beyond it), and updates that move back toward mu are boosted. As delta -> infinity the penalty
+vanishes and l_t = -A r_t, the plain IS surrogate. Since |pi - mu| <= 1, delta = 12.5 keeps w in
+[0.92, 1.08]; the zero / corrective regime needs delta < 1.
+
+Defaults: delta 12.5 (paper section 4; delta 2.5 behaves alike), mu = the sampler's log-probs (anchor=behav,
+bypass mode), Dr.GRPO advantages (no std), token-mean (the code default; the paper's recipe uses
+seq-mean-token-sum-norm with L = max response length, see configs/drpo.yaml). The sampling temperature must
+equal the one the log-probs are computed at (thinkrl uses rollout.temperature for both).
+
+Relative to grpo: the ratio is taken against mu, not pi_old; there is no clip, every token keeps a
+gradient, scaled by the bounded weight w_t instead of being cut to zero outside a window.
+Confidence: EXACT-CODE + EXACT-PAPER (methods.md 3.6) for anchor=behav; anchor=old (pi_old, UniRL's
+"replay" ablation) is offered as an option, as for cppo.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from thinkrl.methods import Method, register
+from thinkrl.methods._common import Aggregation, log_ratio, masked_mean, reduce, with_norm_length
+
+
+@dataclass
+class Config:
+    delta: float = 12.5
+    """Regularisation threshold delta > 0 on |pi - mu| (paper 12.5; < 1 reaches the corrective regime; inf = no penalty)."""
+    anchor: Literal["behav", "old"] = "behav"
+    """mu: behav = the sampler's log-probs (bypass mode, the paper's choice); old = pi_old (replay anchor)."""
+    aggregation: Aggregation = "token-mean"
+    """How per-token losses become one scalar (methods.md 1.4); the paper's recipe: seq-mean-token-sum-norm."""
+    norm_length: int = 0
+    """Constant L for seq-mean-token-sum-norm; 0 = rollout.max_new_tokens."""
+
+    def __post_init__(self) -> None:
+        if not self.delta > 0:  # also rejects nan
+            raise ValueError(f"delta must be > 0 (inf = no penalty), got {self.delta}")
+        if self.norm_length < 0:
+            raise ValueError(f"norm_length must be >= 0 (0 = rollout.max_new_tokens), got {self.norm_length}")
+
+
+@register("drpo")
+class DRPO(Method):
+    """Differentiable IS surrogate against mu with a smooth |A|/(2 delta) mu (r-1)^2 divergence penalty."""
+
+    Config = Config
+    advantage = "no_std"
+
+    def loss(self, batch):
+        c, mask, adv = self.cfg, batch.mask, batch.advantages
+        anchor = batch.behav_logp if c.anchor == "behav" else batch.old_logp
+        ratio = torch.exp(log_ratio(batch.logp, anchor))  # (B, T) differentiable, as the paper's gradient needs
+        mu = anchor.exp()  # (B, T) detached: anchor carries no grad
+        # mu (r - 1)^2 = (pi - mu)^2 / mu: a squared probability shift, so rare tokens are not blown up
+        penalty = adv.abs() / (2 * c.delta) * mu * (ratio - 1) ** 2  # (B, T)
+        per_token = -adv * ratio + penalty  # (B, T)
+        loss = reduce(per_token, batch, with_norm_length(c, batch))
+        with torch.no_grad():
+            shift = mu * (ratio - 1)  # (B, T) pi - mu
+            weight = 1 - torch.sign(adv) * shift / c.delta  # (B, T) d l / d log pi = -A r w (Eq. 9)
+        metrics = {
+            "weight/mean": masked_mean(weight, mask),
+            "weight/corrective_frac": masked_mean(weight < 0, mask),
+            "penalty/mean": masked_mean(penalty, mask),
+            "ratio/mean": masked_mean(ratio, mask),
+        }
+        return loss, metrics
