@@ -1,0 +1,173 @@
+"""SIS: Selective Importance Sampling, a plug-in for the ratio of GRPO, DAPO or GSPO.
+
+Paper: "Turning Off-Policy Tokens On-Policy: A Plug-in Approach for Improving LLM Alignment" (Yu Li et al.),
+arXiv 2607.04728. No official code was found; this follows Algorithm 1 as read in methods.md 3.1.
+
+The policy that produced the rollout (pi_old) is a proposal and the current policy pi_theta the target. A
+per-token rejection test with a top-K envelope decides which tokens are already distributed as pi_theta; those
+are trained as on-policy tokens (weight 1, no clip), the others keep their ordinary importance ratio.
+Objective (minimised), per valid token t of completion i with advantage A_i:
+
+    w_t   = pi_theta(y_t) / pi_old(y_t)                         (detached for the test)
+    V_K   = the K most likely ids of pi_old(. | s_t)             (topk_ids, from the trainer)
+    M_t   = max over v in V_K of pi_theta(v) / pi_old(v)         (the top-K envelope, detached)
+    z_t   = 1[y_t in V_K] 1[u_t < w_t / M_t],   u_t ~ U(0, 1)    (y_t outside V_K is always rejected)
+    w~_t  = exp(log pi_theta(y_t) - sg(log pi_theta(y_t)))  if z_t = 1    (value 1, gradient of log pi_theta)
+          = w_t (differentiable)                           if z_t = 0
+    host grpo, dapo:  l_t = max(-w~_t A_i, -clip(w~_t, 1 - clip_low, 1 + clip_high) A_i)
+    host gspo:        log s_i = mean_t sg(log w~_t)     (accepted tokens add 0)
+                      s_it = exp(min(sg(log s_i) + log pi_theta(y_t) - sg(log pi_theta(y_t)), 10))
+                      l_t = max(-s_it A_i, -clip(s_it, 1 - clip_low, 1 + clip_high) A_i)
+    loss  = aggregate(l, the host's aggregation)
+
+An accepted token is distributed as pi_theta renormalised on V_K (Proposition 1 with a top-K envelope; the
+error is the mass pi_theta puts outside V_K), so its weight is 1 and the clip never touches it (1 lies inside
+every clip range). The token-vs-sequence surrogate gap of Theorem 1 depends on D = sum_t |log w_t|, which SIS
+lowers to D_SIS = sum_t (1 - z_t) |log w_t| <= D. With pi_theta == pi_old every id of V_K has ratio 1, every
+token in V_K is accepted and every other has w = 1, so SIS is exactly the on-policy host loss.
+
+Defaults: K = 10 (the paper's sweep over 10/50/100 moves accuracy by about a point); host grpo with its clip
+0.2/0.2 and seq-mean-token-mean; dapo is 0.2/0.28 token-mean; gspo is 3e-4/4e-4 seq-mean-token-mean.
+clip_low, clip_high and aggregation left at None take the host's values. Reported acceptance: 0.80-0.95.
+
+Relative to grpo: the ratio of tokens that pass the rejection test is replaced by a gradient-carrying 1, so
+they are never clipped; needs the proposal's top-K ids and log-probs and pi_theta's log-probs at those ids
+(`requires`), the sampled ids, and random numbers (batch.generator, else the global torch RNG).
+
+Confidence (methods.md 3.1): SECONDARY, close to the paper, for Algorithm 1 (top-K envelope, Bernoulli(w/M),
+accept -> 1, reject -> w). INTERPRETATION: the gradient-carrying 1 (a constant 1 would kill the accepted
+tokens' gradient); a fresh u at every loss call (pi_theta changes between mini-batch updates); M_t is taken
+as max(M_t, w_t) so that w/M <= 1 even when logp and topk_logp come from different passes; top-K entries
+with zero proposal probability (truncated by top-k/top-p sampling) are not part of V_K.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, NamedTuple
+
+import torch
+from torch import Tensor
+
+from thinkrl.methods import Method, register
+from thinkrl.methods._common import Aggregation, clipped_surrogate, log_ratio, masked_mean, reduce, with_norm_length
+
+# host -> (clip_low, clip_high, aggregation): grpo.py, dapo.py and gspo.py defaults
+HOSTS = {
+    "grpo": (0.2, 0.2, "seq-mean-token-mean"),
+    "dapo": (0.2, 0.28, "token-mean"),
+    "gspo": (3e-4, 4e-4, "seq-mean-token-mean"),
+}
+LOG_SEQ_RATIO_MAX = 10.0  # verl's cap on GSPO's log s_it, as in gspo.py
+
+
+@dataclass
+class Config:
+    host: Literal["grpo", "dapo", "gspo"] = "grpo"
+    """Loss SIS plugs into: grpo (clip 0.2/0.2), dapo (0.2/0.28, token-mean) or gspo (sequence ratio, 3e-4/4e-4)."""
+    k: int = 10
+    """K of the top-K envelope: the proposal's K most likely ids at each position."""
+    clip_low: float | None = None
+    """Lower clip, at 1 - clip_low; None = the host's (0.2 grpo/dapo, 3e-4 gspo)."""
+    clip_high: float | None = None
+    """Upper clip, at 1 + clip_high; None = the host's (0.2 grpo, 0.28 dapo, 4e-4 gspo)."""
+    aggregation: Aggregation | None = None
+    """How per-token losses become one scalar (methods.md 1.4); None = the host's (token-mean for dapo)."""
+    norm_length: int = 0
+    """Constant L for seq-mean-token-sum-norm; 0 = rollout.max_new_tokens."""
+
+    def __post_init__(self) -> None:
+        if self.host not in HOSTS:
+            raise ValueError(f"host must be one of {', '.join(HOSTS)}, got {self.host!r}")
+        low, high, agg = HOSTS[self.host]
+        # resolved here, so config_dict() and the run's saved config show the values actually used
+        self.clip_low = low if self.clip_low is None else self.clip_low
+        self.clip_high = high if self.clip_high is None else self.clip_high
+        self.aggregation = agg if self.aggregation is None else self.aggregation
+        if self.k < 1:
+            raise ValueError(f"k must be >= 1, got {self.k}")
+        if not 0 <= self.clip_low <= 1:
+            raise ValueError(f"clip_low must be in [0, 1] (the lower bound 1 - clip_low stays >= 0), got {self.clip_low}")
+        if self.clip_high < 0:
+            raise ValueError(f"clip_high must be >= 0, got {self.clip_high}")
+        if self.norm_length < 0:
+            raise ValueError(f"norm_length must be >= 0 (0 = rollout.max_new_tokens), got {self.norm_length}")
+
+
+class RejectionTest(NamedTuple):
+    """Outcome of the per-token test, all detached (B, T)."""
+
+    log_w: Tensor  # log pi_theta(y_t) / pi_old(y_t), clamped to [-20, 20]
+    prob: Tensor  # acceptance probability w / M in [0, 1]; 0 outside V_K
+    in_topk: Tensor  # y_t in V_K (and a valid token)
+    accepted: Tensor  # z_t
+
+
+@torch.no_grad()
+def rejection_test(batch) -> RejectionTest:
+    """Draw the SIS test for every token of `batch` (methods.md 3.1 steps 1-4)."""
+    for name in ("token_ids", "topk_ids", "topk_old_logp", "topk_logp"):
+        if getattr(batch, name) is None:
+            raise ValueError(f"sis needs batch.{name} (listed in method.requires)")
+    mask = batch.mask
+    log_w = log_ratio(batch.logp.detach(), batch.old_logp)  # (B, T)
+    # a zero-probability proposal entry (-inf, or the sampler's finite stand-in for a truncated id) can never
+    # have been drawn: it is outside the proposal's support, and its ratio would blow the envelope up
+    support = batch.topk_old_logp.exp() > 0  # (B, T, K)
+    log_ratio_k = torch.where(support, log_ratio(batch.topk_logp.detach(), batch.topk_old_logp), -torch.inf)  # (B, T, K)
+    in_topk = mask & ((batch.topk_ids == batch.token_ids[..., None]) & support).any(-1)  # (B, T)
+    # max with log w: the same number in exact arithmetic when y_t is in V_K; guards against two passes
+    # disagreeing in the last bits, so that w / M never exceeds 1
+    log_m = torch.maximum(log_ratio_k.max(-1).values, log_w)  # (B, T)
+    prob = torch.where(in_topk, torch.exp(log_w - log_m), 0.0)  # (B, T)
+    # one u per position of the padded (B, T) grid, padding included: rows draw in order, so micro-batches
+    # cut along B consume the same stream as the whole batch (on CPU), and masking cannot shift it
+    u = torch.rand(mask.shape, generator=batch.generator, device=mask.device)  # (B, T)
+    return RejectionTest(log_w, prob, in_topk, in_topk & (u < prob))
+
+
+@register("sis")
+class SIS(Method):
+    """Selective importance sampling: tokens passing a top-K rejection test train on-policy (weight 1, unclipped)."""
+
+    Config = Config
+    reinforce_on_policy = True  # on-policy every token in V_K is accepted (w~ = 1, gradient of log pi), the rest have r = 1
+
+    @property
+    def requires(self) -> set[str]:
+        return {"topk_ids", "topk_old_logp", "topk_logp", "token_ids"}
+
+    @property
+    def topk_width(self) -> int:
+        return self.cfg.k
+
+    def loss(self, batch):
+        c, mask, adv = self.cfg, batch.mask, batch.advantages
+        test = rejection_test(batch)
+        log_r = log_ratio(batch.logp, batch.old_logp)  # (B, T) differentiable
+        on_policy = batch.logp - batch.logp.detach()  # (B, T) value 0, gradient of log pi_theta
+        log_wt = torch.where(test.accepted, on_policy, log_r)  # (B, T) log w~
+        if c.host == "gspo":
+            # mean over this row's own mask: micro-batches split rows, so s_i does not depend on the cut
+            log_s = torch.where(mask, log_wt.detach(), 0.0).sum(-1) / mask.sum(-1).clamp(min=1)  # (B,)
+            weight = torch.exp((log_s[:, None] + on_policy).clamp(max=LOG_SEQ_RATIO_MAX))  # (B, T) s_it
+        else:
+            weight = torch.exp(log_wt)  # (B, T) w~
+        per_token, clipped = clipped_surrogate(weight, adv, c.clip_low, c.clip_high)  # (B, T)
+        abs_log_w = torch.where(mask, test.log_w.abs(), 0.0)  # (B, T)
+        has_tokens = mask.any(-1)  # (B,)
+        metrics = {
+            "sis/accept_frac": masked_mean(test.accepted, mask),
+            "sis/accept_prob": masked_mean(test.prob, mask),  # expected acceptance: the same, without the draw noise
+            "sis/outside_topk_frac": masked_mean(~test.in_topk, mask),
+            # Theorem 1's per-sequence divergences, averaged over the sequences with tokens
+            "sis/D": masked_mean(abs_log_w.sum(-1), has_tokens),
+            "sis/D_sis": masked_mean(torch.where(test.accepted, 0.0, abs_log_w).sum(-1), has_tokens),
+            "ratio/mean": masked_mean(torch.exp(test.log_w), mask),  # raw token ratios, comparable with grpo
+            "ratio/sis_mean": masked_mean(weight, mask),  # the weights the surrogate sees (w~ or s_it)
+            "clip/frac": masked_mean(clipped, mask),
+            "clip/low_frac": masked_mean(clipped & (weight < 1), mask),
+            "clip/high_frac": masked_mean(clipped & (weight > 1), mask),
+        }
+        # with_norm_length: L = padded T for seq-mean-token-sum-norm when called outside the trainer
+        return reduce(per_token, batch, with_norm_length(c, batch)), metrics
