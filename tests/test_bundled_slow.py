@@ -66,3 +66,18 @@ def test_fp8_rollouts_show_a_mismatch_that_same_precision_does_not(tmp_path):
     same = read_jsonl(tmp_path / "same" / "metrics.jsonl")
     assert all(m["mismatch/abs_log_ratio"] > 1e-3 and m["mismatch/k3"] > 1e-5 for m in fp8)
     assert all(m["mismatch/abs_log_ratio"] < 1e-4 for m in same)  # float rounding of the merged LoRA copy only
+
+
+def test_thinking_seeds_fills_its_pool_seeds_rollouts_and_resumes(tmp_path):
+    opts = ["--method", "thinking_seeds", "-o", "seeds.every=2", *SMALL]
+    keys = ["reward/mean", "loss", "seeds/pool_size", "seeds/seeded_frac", "prefix/abs_log_ratio"]
+    invoke(["train", "-o", "train.steps=6", "--output-dir", str(tmp_path / "a"), *opts])
+    invoke(["train", "-o", "train.steps=3", "--output-dir", str(tmp_path / "b"), *opts])
+    invoke(["train", "--resume", str(tmp_path / "b"), "-o", "train.steps=6"])
+    a = [{k: m[k] for k in keys} for m in read_jsonl(tmp_path / "a" / "metrics.jsonl")]
+    b = [{k: m[k] for k in keys} for m in read_jsonl(tmp_path / "b" / "metrics.jsonl")]
+    assert a == b  # the pool came back with the checkpoint
+    assert [m["seeds/pool_size"] for m in a] == [1, 1, 2, 2, 3, 3]
+    rows = read_jsonl(tmp_path / "a" / "rollouts.jsonl")
+    seeded = [r for r in rows if r["prefix_len"] > 0]
+    assert seeded and all(r["step"] >= 2 and 0 <= r["seed_step"] < r["step"] for r in seeded)

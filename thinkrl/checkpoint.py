@@ -8,6 +8,7 @@ ignored. Contents:
     scheduler.pt        LR scheduler state
     method.pt           the method's persistent state (controllers, EMAs)
     sampler.pt          the sampler's snapshots of recent policies (only with rollout.staleness > 0)
+    seeds.pt, seeds/    the Thinking Seeds pool (adapters inline; full weights as hard links to RUN_DIR/seeds/)
     trainer_state.json  step and seed; the data position and RNG are functions of (seed, step)
     COMPLETE
 """
@@ -46,7 +47,7 @@ def save_weights(model, tokenizer, directory: Path) -> None:
         tokenizer.save_pretrained(directory / "model")
 
 
-def save(run_dir: Path, step: int, model, tokenizer, optimizer, scheduler, method, extra: dict, keep_last: int = 0, sampler=None) -> Path:
+def save(run_dir: Path, step: int, model, tokenizer, optimizer, scheduler, method, extra: dict, keep_last: int = 0, sampler=None, seed_pool=None) -> Path:
     root = run_dir / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step-{step}"
@@ -59,6 +60,8 @@ def save(run_dir: Path, step: int, model, tokenizer, optimizer, scheduler, metho
     torch.save(method.state_dict(), tmp / "method.pt")
     if sampler is not None and sampler.staleness:
         torch.save(sampler.state_dict(), tmp / "sampler.pt")
+    if seed_pool is not None:
+        seed_pool.save(tmp)
     (tmp / "trainer_state.json").write_text(json.dumps({"step": step, **extra}, indent=2))
     (tmp / MARKER).write_text("ok\n")
     for f in tmp.rglob("*"):
@@ -106,7 +109,7 @@ def load_weights_into(model, directory: Path) -> None:
         model.load_state_dict(saved.state_dict())
 
 
-def load(ckpt: Path, model, optimizer, scheduler, method, sampler=None) -> dict:
+def load(ckpt: Path, model, optimizer, scheduler, method, sampler=None, seed_pool=None) -> dict:
     """Restore everything a checkpoint holds; returns its trainer_state."""
     load_weights_into(model, ckpt)
     optimizer.load_state_dict(torch.load(ckpt / "optimizer.pt", weights_only=True))
@@ -114,4 +117,6 @@ def load(ckpt: Path, model, optimizer, scheduler, method, sampler=None) -> dict:
     method.load_state_dict(torch.load(ckpt / "method.pt", weights_only=True))
     if sampler is not None and (ckpt / "sampler.pt").is_file():
         sampler.load_state_dict(torch.load(ckpt / "sampler.pt", weights_only=True))
+    if seed_pool is not None:
+        seed_pool.load(ckpt, next(model.parameters()).device)
     return json.loads((ckpt / "trainer_state.json").read_text())

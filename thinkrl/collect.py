@@ -18,6 +18,7 @@ from torch import Tensor
 
 from thinkrl.data import Prompt, step_prompts
 from thinkrl.rollout import Completions, Sampling, generate
+from thinkrl.seeds import seeded_generate
 
 
 @dataclass
@@ -45,24 +46,32 @@ def _round_prompts(prompts: list[Prompt], step: int, rnd: int, per_step: int, se
     return [prompts[i] for i in rng.sample(range(len(prompts)), min(per_step, len(prompts)))]
 
 
-def collect(step: int, prompts: list[Prompt], cfg, model, tok, pool, generator, eos: list[int], pad: int, record_topk: int = 0, record_entropy: bool = False) -> StepSamples:
+def collect(step: int, prompts: list[Prompt], cfg, sampler, tok, pool, generator, eos: list[int], pad: int,
+            record_topk: int = 0, record_entropy: bool = False, seed_pool=None) -> StepSamples:
+    """The step's kept groups, sampled with `sampler` (its last refresh) and graded by `pool`; with a
+    Thinking Seeds `seed_pool`, part of each group starts from historical prefixes (thinkrl/seeds.py)."""
     rc, G = cfg.rollout, cfg.rollout.group_size
     sampling = Sampling(rc.max_new_tokens, rc.temperature, rc.top_p, rc.top_k)
     kept: list[tuple[Prompt, Completions, list[str], Tensor]] = []
+    distinct: list[int] = []  # distinct extracted answers per sampled group: a diversity measure
     stats = {"verifier/timeouts": 0, "verifier/crashes": 0, "sampling/rounds": 0, "sampling/dropped_groups": 0, "time/generate": 0.0, "time/score": 0.0}
     for rnd in range(rc.max_sampling_rounds if rc.dynamic_sampling else 1):
         batch = _round_prompts(prompts, step, rnd, rc.prompts_per_step, cfg.train.seed)
         t0 = time.perf_counter()
-        comp = generate(model, [p.ids for p in batch], G, sampling, eos, pad, generator, record_topk, record_entropy)
+        if seed_pool is not None:
+            comp = seeded_generate(sampler, seed_pool, step, [p.ids for p in batch], G, sampling, cfg.seeds, eos, pad, generator, tok)
+        else:
+            comp = generate(sampler.restore(), [p.ids for p in batch], G, sampling, eos, pad, generator, record_topk, record_entropy)
         t1 = time.perf_counter()
         texts = tok.batch_decode([row[m].tolist() for row, m in zip(comp.tokens, comp.mask)], skip_special_tokens=True)
-        scores, vstats = pool.score(texts, [p.answer for p in batch for _ in range(G)])
+        scores, extracted, vstats = pool.grade(texts, [p.answer for p in batch for _ in range(G)])
         stats["time/generate"] += t1 - t0
         stats["time/score"] += time.perf_counter() - t1
         stats["verifier/timeouts"] += vstats["timeouts"]
         stats["verifier/crashes"] += vstats["crashes"]
         stats["sampling/rounds"] += 1
         scores = torch.tensor(scores, dtype=torch.float32).view(len(batch), G)  # (P, G)
+        distinct += [len({a for a in extracted[g * G : (g + 1) * G] if a is not None}) for g in range(len(batch))]
         for g, p in enumerate(batch):
             if rc.dynamic_sampling and bool((scores[g] == scores[g, 0]).all()):
                 stats["sampling/dropped_groups"] += 1
@@ -73,6 +82,7 @@ def collect(step: int, prompts: list[Prompt], cfg, model, tok, pool, generator, 
             break
     kept = kept[: rc.prompts_per_step]
     stats["sampling/kept_groups"] = len(kept)
+    stats["answers/distinct_per_group"] = sum(distinct) / max(len(distinct), 1)
     if not rc.dynamic_sampling:  # one round, nothing dropped: nothing to report
         for k in ("sampling/rounds", "sampling/dropped_groups", "sampling/kept_groups"):
             del stats[k]
@@ -81,4 +91,21 @@ def collect(step: int, prompts: list[Prompt], cfg, model, tok, pool, generator, 
     comp = Completions.cat([k[1] for k in kept], pad)
     scores = torch.cat([k[3] for k in kept])  # (P * G,)
     rewards = scores + overlong_penalty(comp.lengths.cpu(), rc.max_new_tokens, cfg.reward.overlong_buffer, cfg.reward.overlong_penalty)
+    if seed_pool is not None:
+        stats.update(_seed_stats(comp, scores, seed_pool, step))
     return StepSamples([k[0] for k in kept], comp, [t for k in kept for t in k[2]], scores, rewards, stats)
+
+
+def _seed_stats(comp: Completions, scores: Tensor, seed_pool, step: int) -> dict[str, float]:
+    """Thinking Seeds bookkeeping for metrics.jsonl: pool size, how much was seeded, rewards of each kind."""
+    out = {"seeds/pool_size": float(len(seed_pool.entries)), "seeds/seeded_frac": 0.0, "seeds/prefix_len_mean": 0.0}
+    if comp.prefix_len is None:
+        return out
+    seeded = (comp.prefix_len > 0).cpu()  # (B,)
+    out["seeds/seeded_frac"] = seeded.float().mean().item()
+    if seeded.any():
+        out["seeds/prefix_len_mean"] = comp.prefix_len[seeded.to(comp.prefix_len.device)].float().mean().item()
+        out["reward/seeded_mean"] = scores[seeded].mean().item()
+    if (~seeded).any():
+        out["reward/unseeded_mean"] = scores[~seeded].mean().item()
+    return out

@@ -211,6 +211,36 @@ class EvalConfig:
 
 
 @dataclass
+class SeedsConfig:
+    enabled: bool | None = None
+    """Thinking Seeds: start some completions of each group from a prefix sampled by an earlier checkpoint;
+    None = on when the method requires prefix_mask (thinking_seeds), off otherwise."""
+    every: int = 20
+    """Add the current policy to the pool of historical checkpoints every N steps (step 0 included)."""
+    pool_size: int = 4
+    """Historical checkpoints kept (first in, first out); a pinned initial policy comes on top."""
+    keep_initial: bool = True
+    """Pin the initial policy (the highest-entropy one) in the pool for the whole run."""
+    per_group: int = 2
+    """Seeded completions per group of rollout.group_size (the rest are ordinary samples)."""
+    prefix: Literal["fraction", "tokens"] = "fraction"
+    """fraction: the historical policy writes a whole completion and a fraction U(frac_min, frac_max) of it is
+    kept; tokens: it writes U{tokens_min..tokens_max} tokens (cheaper)."""
+    frac_min: float = 0.1
+    """Smallest kept fraction of the historical completion."""
+    frac_max: float = 0.5
+    """Largest kept fraction of the historical completion."""
+    tokens_min: int = 4
+    """Shortest prefix in tokens (prefix: tokens)."""
+    tokens_max: int = 16
+    """Longest prefix in tokens (prefix: tokens)."""
+    snap: Literal["none", "line", "sentence"] = "none"
+    """Cut the prefix back to the end of its last line (or sentence) when it has one: whole reasoning steps."""
+    storage: Literal["auto", "memory", "disk"] = "auto"
+    """Where pool weights live: auto = memory for LoRA adapters (a few MB), disk (RUN_DIR/seeds/) for full weights."""
+
+
+@dataclass
 class LogConfig:
     rollouts_every: int = 1
     """Write the step's prompts, completions and rewards to rollouts.jsonl every N steps (0 = never)."""
@@ -236,6 +266,7 @@ class Config:
     correction: CorrectionConfig = field(default_factory=CorrectionConfig)
     verifier: VerifierConfig = field(default_factory=VerifierConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    seeds: SeedsConfig = field(default_factory=SeedsConfig)
     log: LogConfig = field(default_factory=LogConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     output_dir: str | None = None
@@ -336,6 +367,8 @@ def resolve(cfg: Config) -> Config:
 
     method = get_method(cfg.method.name, **cfg.method.params)
     cfg.method.params = method.config_dict()
+    if cfg.seeds.enabled is None:
+        cfg.seeds.enabled = "prefix_mask" in method.requires
     if cfg.method.params.get("norm_length") == 0:  # seq-mean-token-sum-norm's constant L: the budget
         cfg.method.params["norm_length"] = cfg.rollout.max_new_tokens
     r, t = cfg.rollout, cfg.train
@@ -356,6 +389,13 @@ def resolve(cfg: Config) -> Config:
         (cfg.eval.every >= 0 and cfg.eval.limit >= 0, "eval.every and eval.limit must be >= 0"),
         (r.max_sampling_rounds >= 1, "rollout.max_sampling_rounds must be >= 1"),
         (r.staleness >= 0, "rollout.staleness must be >= 0 (0 = sample with the current policy)"),
+        (cfg.seeds.every >= 1 and cfg.seeds.pool_size >= 1, "seeds.every and seeds.pool_size must be >= 1"),
+        (not cfg.seeds.enabled or 1 <= cfg.seeds.per_group < r.group_size,
+         f"seeds.per_group={cfg.seeds.per_group} must be in [1, rollout.group_size) so each group keeps on-policy samples"),
+        (not (cfg.seeds.enabled and t.old_policy == "sampler"), "seeds.enabled needs train.old_policy=recompute (seeded prefixes come from another policy)"),
+        (not cfg.seeds.enabled or 0 < cfg.seeds.frac_min <= cfg.seeds.frac_max <= 1, "seeds needs 0 < frac_min <= frac_max <= 1"),
+        (not cfg.seeds.enabled or cfg.seeds.prefix != "tokens" or 1 <= cfg.seeds.tokens_min <= cfg.seeds.tokens_max < r.max_new_tokens,
+         "seeds needs 1 <= tokens_min <= tokens_max < rollout.max_new_tokens"),
         (0 <= cfg.reward.overlong_buffer < r.max_new_tokens, "reward.overlong_buffer must be in [0, rollout.max_new_tokens)"),
         (cfg.correction.c_max > 0 and 0 <= cfg.correction.c_min < cfg.correction.c_max, "correction needs 0 <= c_min < c_max"),
         (cfg.eval.preset in ("auto", "train", "greedy", "reasoning"), f"eval.preset={cfg.eval.preset!r}: choose auto, train, greedy or reasoning"),

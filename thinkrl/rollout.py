@@ -34,13 +34,23 @@ class Completions:
     topk_ids: Tensor | None = None  # (B, T, K) top-K ids of the sampling distribution (when recorded)
     topk_logp: Tensor | None = None  # (B, T, K) its log-probs there
     entropy: Tensor | None = None  # (B, T) entropy of the sampling distribution (when recorded)
+    prefix_len: Tensor | None = None  # (B,) Thinking Seeds: leading tokens written by a historical checkpoint
+    seed_step: Tensor | None = None  # (B,) the step of that checkpoint, -1 for unseeded rows
 
     def select(self, rows: Tensor) -> Completions:
         """These rows only, trimmed to their longest completion."""
         T = int(self.lengths[rows].max()) if len(rows) else 0
         cut = lambda x: x[rows, :T] if x is not None else None  # noqa: E731
+        pick = lambda x: x[rows] if x is not None else None  # noqa: E731
         return Completions(cut(self.tokens), cut(self.behav_logp), cut(self.mask), self.lengths[rows], self.truncated[rows],
-                           cut(self.topk_ids), cut(self.topk_logp), cut(self.entropy))
+                           cut(self.topk_ids), cut(self.topk_logp), cut(self.entropy), pick(self.prefix_len), pick(self.seed_step))
+
+    @property
+    def prefix_mask(self) -> Tensor | None:
+        """(B, T) 1 = a token of a historical-checkpoint prefix."""
+        if self.prefix_len is None:
+            return None
+        return torch.arange(self.tokens.shape[1], device=self.tokens.device)[None] < self.prefix_len[:, None]
 
     @staticmethod
     def cat(parts: list[Completions], pad_id: int) -> Completions:
@@ -61,6 +71,7 @@ class Completions:
             join("tokens", pad_id), join("behav_logp", 0.0), join("mask", False),
             torch.cat([p.lengths for p in parts]), torch.cat([p.truncated for p in parts]),
             join("topk_ids", 0), join("topk_logp", 0.0), join("entropy", 0.0),
+            *(torch.cat([getattr(p, name) for p in parts]) if getattr(parts[0], name) is not None else None for name in ("prefix_len", "seed_step")),
         )
 
 

@@ -45,7 +45,7 @@ def _linear_weights(model) -> set[str]:
 class PolicySampler:
     """`refresh()` returns the model to sample this step's rollout with."""
 
-    def __init__(self, policy, precision: str = "same", staleness: int = 0) -> None:
+    def __init__(self, policy, precision: str = "same", staleness: int = 0, copy_always: bool = False) -> None:
         if precision not in ("same", "bf16", "fp16", "fp8"):
             raise ValueError(f"rollout.precision={precision!r}: choose same, bf16, fp16 or fp8")
         self.policy, self.precision, self.staleness = policy, precision, staleness
@@ -53,7 +53,8 @@ class PolicySampler:
         self.trainable = {n: p for n, p in policy.named_parameters() if p.requires_grad}
         self.history: deque[dict[str, Tensor]] = deque(maxlen=staleness + 1)
         self._pairs: list = []
-        if not self.lora and precision == "same" and staleness == 0:
+        self._source: dict[str, Tensor] | None = None  # the snapshot the last refresh() built from (None = current)
+        if not self.lora and precision == "same" and staleness == 0 and not copy_always:
             self.model = policy  # full fine-tuning at the trainer's precision: sample with the policy itself
             return
         if self.lora:
@@ -83,14 +84,38 @@ class PolicySampler:
         `current`); call once before each rollout, which also records this step's snapshot."""
         if self.model is self.policy:
             return self.model.eval()
+        self._source = None
         if self.staleness and not current:
-            self.history.append({n: p.detach().clone() for n, p in self.trainable.items()})
+            self.history.append(self.snapshot())
             if len(self.history) > 1:  # sample with the oldest snapshot: k steps ago (or the start)
-                self._load(self.history[0])
-                self._rebuild()
-                self._load(self.history[-1])
-                return self.model.eval()
+                self._source = self.history[0]
+        return self.restore()
+
+    def snapshot(self) -> dict[str, Tensor]:
+        """A copy of the policy's trainable weights (the LoRA adapters, or every weight)."""
+        return {n: p.detach().clone() for n, p in self.trainable.items()}
+
+    @torch.no_grad()
+    def historical(self, state: dict[str, Tensor]):
+        """The sampling model with these trainable weights (a Thinking Seeds checkpoint); `restore()` after."""
+        current = self.snapshot()
+        self._load(state)
         self._rebuild()
+        self._load(current)
+        return self.model.eval()
+
+    @torch.no_grad()
+    def restore(self):
+        """Rebuild the weights the last refresh() chose, without recording a snapshot."""
+        if self.model is self.policy:
+            return self.model.eval()
+        if self._source is None:
+            self._rebuild()
+        else:
+            current = self.snapshot()
+            self._load(self._source)
+            self._rebuild()
+            self._load(current)
         return self.model.eval()
 
     def _load(self, state: dict[str, Tensor]) -> None:

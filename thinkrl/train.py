@@ -123,9 +123,10 @@ def train(cfg: Config, resume: bool = False) -> Path:
     ref_model = _reference(cfg, model, device) if "ref_logp" in method.requires else None
     start = 0
     metrics_log, rollouts_log = JsonlLog(run_dir / "metrics.jsonl"), JsonlLog(run_dir / "rollouts.jsonl")
-    sampler = PolicySampler(accelerator.unwrap_model(model), rc.precision, rc.staleness)
+    sampler = PolicySampler(accelerator.unwrap_model(model), rc.precision, rc.staleness, copy_always=cfg.seeds.enabled)
+    seed_pool = _seed_pool(cfg, run_dir) if cfg.seeds.enabled else None
     if ckpt is not None:
-        start = checkpoint.load(ckpt, accelerator.unwrap_model(model), optimizer, scheduler, method, sampler)["step"]
+        start = checkpoint.load(ckpt, accelerator.unwrap_model(model), optimizer, scheduler, method, sampler, seed_pool)["step"]
         console.print(f"resuming {run_dir} from {ckpt.name}")
     metrics_log.truncate_after(start)
     rollouts_log.truncate_after(start)
@@ -134,7 +135,7 @@ def train(cfg: Config, resume: bool = False) -> Path:
 
     def save(step: int) -> None:
         state = {"seed": tc.seed, "method": cfg.method.name}
-        checkpoint.save(run_dir, step, accelerator.unwrap_model(model), tok, optimizer, scheduler, method, state, tc.keep_last, sampler)
+        checkpoint.save(run_dir, step, accelerator.unwrap_model(model), tok, optimizer, scheduler, method, state, tc.keep_last, sampler, seed_pool)
 
     flag = StopFlag()
     try:
@@ -145,7 +146,10 @@ def train(cfg: Config, resume: bool = False) -> Path:
                 generator = seed_step(tc.seed, step + 1, device)
 
                 # 1-2. rollout and score: G completions per prompt with behaviour log-probs, rewards (B,)
-                samples = collect(step, prompts, cfg, sampler.refresh(), tok, pool, generator, eos, pad, **records)
+                sampler.refresh()
+                if seed_pool is not None:  # Thinking Seeds: every seeds.every steps the policy joins the pool
+                    seed_pool.maybe_add(step, sampler.snapshot())
+                samples = collect(step, prompts, cfg, sampler, tok, pool, generator, eos, pad, **records, seed_pool=seed_pool)
                 t2 = time.perf_counter()
 
                 # 3. advantages (B,) and 4. update (skipped when dynamic sampling kept no group)
@@ -180,6 +184,13 @@ def train(cfg: Config, resume: bool = False) -> Path:
         flag.restore()
     console.print(f"run directory: {run_dir}")
     return run_dir
+
+
+def _seed_pool(cfg: Config, run_dir: Path):
+    from thinkrl.seeds import SeedPool
+
+    on_disk = cfg.seeds.storage == "disk" or (cfg.seeds.storage == "auto" and cfg.model.lora.rank == 0)
+    return SeedPool(cfg.seeds, run_dir / "seeds", on_disk)
 
 
 def _sampler_records(method, cfg: Config) -> dict:
@@ -247,6 +258,7 @@ def _rollout_records(step: int, samples, adv, G: int) -> list[dict]:
             "advantage": adv[i].item(),
             "length": int(samples.comp.lengths[i]),
             "truncated": bool(samples.comp.truncated[i]),
+            **({"prefix_len": int(samples.comp.prefix_len[i]), "seed_step": int(samples.comp.seed_step[i])} if samples.comp.prefix_len is not None else {}),
         }
         for i, text in enumerate(samples.texts)
     ]

@@ -81,6 +81,7 @@ def update(model, method, optimizer, scheduler, accelerator, rb: RolloutBatch, c
                     advantages=rb.advantages[rows],
                     mask=mask,
                     token_ids=rb.comp.tokens[rows, :T],
+                    prefix_mask=cut(rb.comp.prefix_mask),
                     entropy=ent if "entropy" in needs else None,
                     old_entropy=cut(old.entropy) if "old_entropy" in needs else None,
                     ref_logp=cut(ref_logp),
@@ -96,7 +97,8 @@ def update(model, method, optimizer, scheduler, accelerator, rb: RolloutBatch, c
                 loss, metrics = method.loss(batch)
                 # the sampler against the trainer: pi_old, or this forward's logp when pi_old is the sampler itself
                 trainer_logp = logp.detach() if cfg.train.old_policy == "sampler" else old_logp
-                metrics = {**metrics, **correction.mismatch_stats(trainer_logp, behav, mask)}
+                sampled_now = mask if batch.prefix_mask is None else mask & ~batch.prefix_mask  # not historical prefixes
+                metrics = {**metrics, **correction.mismatch_stats(trainer_logp, behav, sampled_now)}
                 if batch.is_weights is not None:
                     metrics["correction/weight_mean"] = masked_mean(batch.is_weights, mask)
                     metrics["correction/zero_frac"] = masked_mean(batch.is_weights == 0, mask)
@@ -127,7 +129,7 @@ def _view(rb: RolloutBatch, old) -> TokenBatch:
     """The whole rollout batch as a detached TokenBatch, for Method.begin_step."""
     comp = rb.comp
     return TokenBatch(logp=old.logp, old_logp=old.logp, behav_logp=comp.behav_logp, advantages=rb.advantages,
-                      mask=comp.mask, token_ids=comp.tokens, old_entropy=old.entropy)
+                      mask=comp.mask, token_ids=comp.tokens, old_entropy=old.entropy, prefix_mask=comp.prefix_mask)
 
 
 def _add(sums: dict[str, Tensor], key: str, value) -> None:

@@ -1,0 +1,171 @@
+"""Thinking Seeds: the loss (methods.md 3.5), the checkpoint pool, seeded rollouts and resume (thinkrl/seeds.py)."""
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+from test_cli_e2e import invoke, tiny_args
+from test_supply_and_sampler import PROMPTS, tiny
+
+from thinkrl.batch import TokenBatch, token_logprobs
+from thinkrl.config import SeedsConfig, load_config, resolve
+from thinkrl.logs import read_jsonl
+from thinkrl.methods import get_method
+from thinkrl.rollout import Sampling
+from thinkrl.sampler import PolicySampler
+from thinkrl.seeds import SeedPool, seeded_generate
+
+
+def batch_with_prefix(prefix, logp_theta, logp_old, logp_behav, adv, mask=None):
+    logp = torch.tensor(logp_theta).requires_grad_()
+    batch = TokenBatch(
+        logp=logp, old_logp=torch.tensor(logp_old), behav_logp=torch.tensor(logp_behav), advantages=torch.tensor(adv),
+        mask=torch.ones_like(logp, dtype=torch.bool) if mask is None else torch.tensor(mask), prefix_mask=torch.tensor(prefix),
+    )
+    return logp, batch
+
+
+def random_batch(prefix_rows, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    theta = (-torch.rand(3, 5, generator=g) * 2 - 0.1).tolist()
+    old = (torch.tensor(theta) + 0.2 * torch.randn(3, 5, generator=g)).tolist()
+    behav = (torch.tensor(theta) + 0.5 * torch.randn(3, 5, generator=g)).tolist()
+    prefix = [[j < prefix_rows[i] for j in range(5)] for i in range(3)]
+    return theta, old, behav, prefix
+
+
+def loss_and_grad(method, batch, logp):
+    loss, metrics = method.loss(batch)
+    loss.backward()
+    return loss.detach(), logp.grad.clone(), metrics
+
+
+@pytest.mark.parametrize("host", ["dapo", "grpo"])
+def test_no_prefix_is_exactly_the_host_loss(host):
+    theta, old, behav, prefix = random_batch([0, 0, 0])
+    logp, batch = batch_with_prefix(prefix, theta, old, behav, [1.0, -0.5, 0.3])
+    got = loss_and_grad(get_method("thinking_seeds", host=host), batch, logp)
+    logp2, batch2 = batch_with_prefix(prefix, theta, old, behav, [1.0, -0.5, 0.3])
+    host_method = get_method("dapo") if host == "dapo" else get_method("grpo", aggregation="token-mean")
+    want = loss_and_grad(host_method, batch2, logp2)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+def test_historical_policy_equal_to_pi_old_is_on_policy():
+    # prefix tokens anchored at pi_h = pi_old: the same loss and gradient as with no prefix at all
+    theta, old, _, prefix = random_batch([2, 5, 0])
+    logp, batch = batch_with_prefix(prefix, theta, old, old, [1.0, -0.5, 0.3])
+    got = loss_and_grad(get_method("thinking_seeds"), batch, logp)
+    logp2, batch2 = batch_with_prefix([[False] * 5] * 3, theta, old, old, [1.0, -0.5, 0.3])
+    want = loss_and_grad(get_method("thinking_seeds"), batch2, logp2)
+    assert torch.allclose(got[0], want[0]) and torch.allclose(got[1], want[1])
+
+
+def test_prefix_token_ratio_against_the_historical_policy():
+    # methods.md 3.5: pi_theta = 0.3, pi_h = 0.6 -> r = 0.5; A = +1, eps 0.2: max(-0.5, -0.8) = -0.5, unclipped,
+    # so d l / d log pi = -r A = -0.5. The continuation token (pi_old = pi_theta) has r = 1: l = -1, grad -1.
+    # token-mean over 2 tokens: loss = (-0.5 - 1) / 2, grads [-0.25, -0.5]
+    logp, batch = batch_with_prefix([[True, False]], [[math.log(0.3), math.log(0.2)]], [[math.log(0.9), math.log(0.2)]],
+                                    [[math.log(0.6), math.log(0.7)]], [1.0])
+    loss, grad, metrics = loss_and_grad(get_method("thinking_seeds", host="grpo"), batch, logp)
+    assert loss.item() == pytest.approx(-0.75)
+    assert torch.allclose(grad, torch.tensor([[-0.25, -0.5]]))
+    assert metrics["prefix/abs_log_ratio"].item() == pytest.approx(math.log(2))
+    assert metrics["cont/abs_log_ratio"].item() == pytest.approx(0.0)
+
+
+def test_prefix_cap_limits_a_stale_ratio_with_negative_advantage():
+    # pi_theta = 0.9, pi_h = 0.1: r = 9, A = -1: uncapped l = 9; capped at 2 -> l = 2 with no gradient
+    logp, batch = batch_with_prefix([[True]], [[math.log(0.9)]], [[math.log(0.9)]], [[math.log(0.1)]], [-1.0])
+    loss, grad, _ = loss_and_grad(get_method("thinking_seeds"), batch, logp)
+    assert loss.item() == pytest.approx(2.0) and grad.item() == 0.0
+    logp, batch = batch_with_prefix([[True]], [[math.log(0.9)]], [[math.log(0.9)]], [[math.log(0.1)]], [-1.0])
+    loss, grad, _ = loss_and_grad(get_method("thinking_seeds", prefix_cap=0.0), batch, logp)
+    assert loss.item() == pytest.approx(9.0) and grad.item() == pytest.approx(9.0)
+
+
+def test_pool_is_fifo_with_a_pinned_initial_policy(tmp_path):
+    pool = SeedPool(SeedsConfig(every=2, pool_size=2, keep_initial=True), tmp_path, on_disk=False)
+    w = lambda v: {"a": torch.tensor([float(v)])}  # noqa: E731
+    added = [pool.maybe_add(s, w(s)) for s in range(9)]
+    assert added == [s % 2 == 0 for s in range(9)]
+    assert [e.step for e in pool.entries] == [0, 6, 8] and pool.entries[0].pinned
+    assert [e.step for e in pool.older_than(8)] == [0, 6]
+    unpinned = SeedPool(SeedsConfig(every=2, pool_size=2, keep_initial=False), tmp_path, on_disk=False)
+    for s in range(9):
+        unpinned.maybe_add(s, w(s))
+    assert [e.step for e in unpinned.entries] == [6, 8]
+    assert unpinned.weights(unpinned.entries[0], "cpu")["a"].item() == 6.0
+
+
+def test_pool_on_disk_survives_eviction_through_checkpoint_links(tmp_path):
+    pool = SeedPool(SeedsConfig(every=1, pool_size=1, keep_initial=False), tmp_path / "seeds", on_disk=True)
+    pool.maybe_add(0, {"a": torch.tensor([0.0])})
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    pool.save(ckpt)
+    pool.maybe_add(1, {"a": torch.tensor([1.0])})  # evicts step 0 and deletes its pool file
+    assert not (tmp_path / "seeds" / "step-0.pt").exists()
+    restored = SeedPool(pool.cfg, tmp_path / "seeds", on_disk=True)
+    restored.load(ckpt, "cpu")
+    assert [e.step for e in restored.entries] == [0]
+    assert restored.weights(restored.entries[0], "cpu")["a"].item() == 0.0
+
+
+def test_seeded_prefixes_come_from_the_historical_adapter(tiny_model_dir):
+    policy = tiny(tiny_model_dir)
+    sampler = PolicySampler(policy, copy_always=True)
+    cfg = SeedsConfig(enabled=True, every=1, per_group=2, prefix="tokens", tokens_min=2, tokens_max=4)
+    pool = SeedPool(cfg, "/nonexistent", on_disk=False)
+    pool.maybe_add(0, sampler.snapshot())
+    history = pool.entries[0].weights
+    with torch.no_grad():
+        for n, p in policy.named_parameters():
+            if "lora_A" in n:
+                p.add_(0.5)  # the policy moves on: current and historical log-probs now differ
+    sampler.refresh()
+    tok = SimpleNamespace(decode=lambda ids: "x")
+    gen = torch.Generator().manual_seed(0)
+    comp = seeded_generate(sampler, pool, 1, PROMPTS, 3, Sampling(8, 1.0), cfg, [1], 0, gen, tok)
+    assert comp.tokens.shape[0] == 6 and comp.prefix_len.tolist()[0] == 0  # row 0 of each group is unseeded
+    seeded = (comp.prefix_len > 0).nonzero().squeeze(-1)
+    assert len(seeded) > 0 and (comp.seed_step[seeded] == 0).all() and (comp.seed_step[comp.prefix_len == 0] == -1).all()
+    prompts = [PROMPTS[i // 3] for i in range(6)]
+    with torch.no_grad():
+        now, _ = token_logprobs(policy, prompts, comp.tokens, comp.mask, 0, 1.0)
+        current = sampler.snapshot()
+        sampler._load(history)
+        then, _ = token_logprobs(policy, prompts, comp.tokens, comp.mask, 0, 1.0)
+        sampler._load(current)
+    prefix, cont = comp.prefix_mask & comp.mask, comp.mask & ~comp.prefix_mask
+    assert torch.allclose(comp.behav_logp[prefix], then[prefix], atol=1e-4)  # written by the historical adapter
+    assert not torch.allclose(comp.behav_logp[prefix], now[prefix], atol=1e-2)
+    assert torch.allclose(comp.behav_logp[cont], now[cont], atol=1e-4)  # continued by the current policy
+    assert (comp.lengths <= 8).all()
+
+
+def test_method_name_turns_seeding_on_and_any_method_can_seed():
+    assert resolve(load_config(None, ["method.name=thinking_seeds"])).seeds.enabled is True
+    assert resolve(load_config(None, ["method.name=grpo"])).seeds.enabled is False
+    assert resolve(load_config(None, ["method.name=grpo", "seeds.enabled=true"])).seeds.enabled is True
+    from thinkrl.errors import UserError
+
+    with pytest.raises(UserError, match="per_group"):
+        resolve(load_config(None, ["method.name=thinking_seeds", "seeds.per_group=8"]))
+
+
+@pytest.mark.parametrize("extra", [(), ("-o", "model.lora.rank=0", "-o", "train.lr=1e-3")], ids=["lora-memory", "full-disk"])
+def test_seeded_run_resumes_with_its_pool(tiny_model_dir, tmp_path, extra):
+    opts = ("--method", "thinking_seeds", "-o", "seeds.every=2", *extra)
+    keys = ["reward/mean", "loss", "grad_norm", "seeds/pool_size", "seeds/seeded_frac", "prefix/abs_log_ratio"]
+    invoke(tiny_args(tiny_model_dir, tmp_path / "straight", 5, *opts))
+    invoke(tiny_args(tiny_model_dir, tmp_path / "split", 3, *opts))
+    invoke(["train", "--resume", str(tmp_path / "split"), "-o", "train.steps=5"])
+    straight = [{k: m[k] for k in keys} for m in read_jsonl(tmp_path / "straight" / "metrics.jsonl")]
+    split = [{k: m[k] for k in keys} for m in read_jsonl(tmp_path / "split" / "metrics.jsonl")]
+    assert split == straight
+    assert [m["seeds/pool_size"] for m in straight] == [1, 1, 2, 2, 3]
+    assert straight[0]["seeds/seeded_frac"] == 0 and all(m["seeds/seeded_frac"] > 0 for m in straight[1:])
+    rows = read_jsonl(tmp_path / "straight" / "rollouts.jsonl")
+    assert any(r["prefix_len"] > 0 and r["seed_step"] >= 0 for r in rows)

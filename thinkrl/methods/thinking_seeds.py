@@ -1,0 +1,99 @@
+"""Thinking Seeds: position-aware importance ratios for completions that start from a historical prefix.
+
+Paper: "Thinking Seeds: Leveraging Historical Diversity for Position-Aware RL in LLMs" (v1: "SOUP: Token-level
+Single-sample Mix-policy RL for LLMs"), arXiv 2601.21476. Only the abstract is public (methods.md 3.5, 4).
+
+Some completions of each group begin with a prefix written by one of the model's own earlier checkpoints
+pi_h (thinkrl/seeds.py, `seeds.enabled`); the current policy writes the rest. Each token is corrected against
+the policy that actually wrote it. Objective (minimised), per valid token t of completion i with advantage
+A_i, computed over the whole mixed group (seeded and unseeded completions share the baseline):
+
+    r_t   = pi_theta(y_t) / pi_h(y_t)      on prefix tokens (prefix_mask = 1; pi_h's log-probs are behav_logp)
+          = pi_theta(y_t) / pi_old(y_t)    on continuation tokens
+    r_t   = min(r_t, prefix_cap)           on prefix tokens, when prefix_cap > 0 (pi_h is stale: r can be far from 1)
+    l_t   = max(-r_t A_i, -clip(r_t, 1 - clip_low, 1 + clip_high) A_i)
+    loss  = token-mean of l
+
+Defaults: host dapo (clip 0.2 / 0.28) or grpo (0.2 / 0.2); prefix_cap 2; token-mean; GRPO advantages. With no
+prefix (L = 0 everywhere) it is exactly the host loss with token-mean; with pi_h = pi_old it is on-policy.
+Relative to grpo: the ratio of prefix tokens is taken against the historical policy, optionally capped,
+and the loss is token-mean.
+
+Confidence (methods.md 3.5): INTERPRETATION throughout except that prefixes come from the model's own
+historical checkpoints, continuations are on-policy, and ratios are token-level (EXACT-PAPER, abstract).
+The cap and the host settings are this project's choices, as are the rollout defaults in thinkrl/seeds.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from thinkrl.methods import Method, register
+from thinkrl.methods._common import Aggregation, clipped_surrogate, log_ratio, masked_mean, reduce, with_norm_length
+
+HOSTS = {"grpo": (0.2, 0.2), "dapo": (0.2, 0.28)}
+
+
+@dataclass
+class Config:
+    host: Literal["grpo", "dapo"] = "dapo"
+    """Clip settings to start from: grpo (0.2 / 0.2) or dapo (0.2 / 0.28)."""
+    clip_low: float | None = None
+    """Lower clip, at 1 - clip_low; None = the host's."""
+    clip_high: float | None = None
+    """Upper clip, at 1 + clip_high; None = the host's."""
+    prefix_cap: float = 2.0
+    """Cap on prefix-token ratios pi_theta / pi_h (0 = no cap)."""
+    aggregation: Aggregation = "token-mean"
+    """How per-token losses become one scalar (methods.md 1.4)."""
+    norm_length: int = 0
+    """Constant L for seq-mean-token-sum-norm; 0 = rollout.max_new_tokens."""
+
+    def __post_init__(self) -> None:
+        if self.host not in HOSTS:
+            raise ValueError(f"host must be grpo or dapo, got {self.host!r}")
+        low, high = HOSTS[self.host]
+        self.clip_low = low if self.clip_low is None else self.clip_low
+        self.clip_high = high if self.clip_high is None else self.clip_high
+        if not 0 <= self.clip_low <= 1 or self.clip_high < 0:
+            raise ValueError(f"clip_low must be in [0, 1] and clip_high >= 0, got {self.clip_low} and {self.clip_high}")
+        if self.prefix_cap < 0 or 0 < self.prefix_cap <= 1:
+            raise ValueError(f"prefix_cap must be > 1 (or 0 = off), got {self.prefix_cap}")
+        if self.norm_length < 0:
+            raise ValueError(f"norm_length must be >= 0 (0 = rollout.max_new_tokens), got {self.norm_length}")
+
+
+@register("thinking_seeds")
+class ThinkingSeeds(Method):
+    """Prefix tokens from a historical checkpoint ratioed against it, continuation tokens against pi_old (clip)."""
+
+    Config = Config
+
+    @property
+    def requires(self) -> set[str]:
+        # prefix_mask: seeds.enabled defaults to on for this method. entropy: for the prefix / continuation
+        # metrics (the training forward computes it anyway)
+        return {"prefix_mask", "entropy"}
+
+    def loss(self, batch):
+        c, mask, adv = self.cfg, batch.mask, batch.advantages
+        prefix = batch.prefix_mask if batch.prefix_mask is not None else torch.zeros_like(mask)  # (B, T) bool
+        prefix = prefix & mask
+        cont = mask & ~prefix
+        anchor = torch.where(prefix, batch.behav_logp, batch.old_logp)  # (B, T) pi_h on the prefix, pi_old after
+        log_r = log_ratio(batch.logp, anchor)  # (B, T)
+        ratio = torch.exp(log_r)  # (B, T)
+        if c.prefix_cap > 0:
+            ratio = torch.where(prefix, ratio.clamp(max=c.prefix_cap), ratio)  # a capped token passes no gradient
+        per_token, clipped = clipped_surrogate(ratio, adv, c.clip_low, c.clip_high)  # (B, T)
+        metrics = {"clip/frac": masked_mean(clipped, mask), "ratio/mean": masked_mean(ratio, mask)}
+        for name, part in (("prefix", prefix), ("cont", cont)):
+            metrics[f"{name}/token_frac"] = masked_mean(part, mask)
+            metrics[f"{name}/clip_frac"] = masked_mean(clipped, part)
+            metrics[f"{name}/abs_log_ratio"] = masked_mean(log_r.abs(), part)
+            if batch.entropy is not None:
+                metrics[f"{name}/entropy"] = masked_mean(batch.entropy, part)
+        return reduce(per_token, batch, with_norm_length(c, batch)), metrics
