@@ -1,8 +1,10 @@
 """Atomic checkpoints: RUN_DIR/checkpoints/step-N/ and resuming from the newest complete one.
 
 A checkpoint is written into a hidden temporary directory, a COMPLETE marker is written last, and the
-directory is renamed into place; a process killed mid-write leaves only a temporary directory, which is
-ignored. Contents:
+directory is renamed into place; old checkpoints are renamed to a hidden name before they are deleted. So a
+process killed at any point (SIGKILL, OOM killer, power cut) leaves every step-N/ either complete or absent,
+plus hidden leftovers that latest() ignores and the next save() deletes. Only tensors and numbers are ever
+unpickled (weights_only=True) and weights are read only from safetensors. Contents:
     adapter/            peft adapter (LoRA), or model/ (full fine-tuning, safetensors)
     optimizer.pt        optimizer state      (tensors and numbers only: loaded with weights_only=True)
     scheduler.pt        LR scheduler state
@@ -17,13 +19,20 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import re
 import shutil
 from pathlib import Path
 
 import torch
 
+from thinkrl.errors import UserError
+
 MARKER = "COMPLETE"
+# Hidden directories next to the checkpoints, named after the process that made them: `.tmp-step-N-PID` is
+# a checkpoint being written, `.old-step-N-PID` one being deleted. A process killed at any point leaves at
+# most these behind; latest() never looks at them and remove_stale() deletes those of dead processes.
+HIDDEN = re.compile(r"\.(tmp|old)-step-\d+-(\d+)")
 
 
 def _fsync_dir(path: Path) -> None:
@@ -32,6 +41,37 @@ def _fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return False  # ours from an earlier call (or a dead run whose pid we reuse): nothing is writing it
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def remove_stale(run_dir: Path) -> list[Path]:
+    """Delete the hidden directories that killed processes left in RUN_DIR/checkpoints; returns them.
+    A directory whose process is still alive is left alone: another trainer may be writing it."""
+    root = Path(run_dir) / "checkpoints"
+    stale = [p for p in root.iterdir() if (m := HIDDEN.fullmatch(p.name)) and not _alive(int(m.group(2)))] if root.is_dir() else []
+    for p in stale:
+        shutil.rmtree(p, ignore_errors=True)
+    return stale
+
+
+def _discard(path: Path) -> None:
+    """Delete a checkpoint directory. It is renamed to a hidden name first (atomic), so a kill during the
+    slow recursive delete never leaves a half-deleted step-N that still holds its COMPLETE marker."""
+    trash = path.parent / f".old-{path.name}-{os.getpid()}"
+    shutil.rmtree(trash, ignore_errors=True)
+    os.replace(path, trash)
+    shutil.rmtree(trash, ignore_errors=True)
 
 
 def is_peft(model) -> bool:
@@ -50,9 +90,9 @@ def save_weights(model, tokenizer, directory: Path) -> None:
 def save(run_dir: Path, step: int, model, tokenizer, optimizer, scheduler, method, extra: dict, keep_last: int = 0, sampler=None, seed_pool=None) -> Path:
     root = run_dir / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
+    remove_stale(run_dir)  # what an earlier, killed process left (this one's own leftovers included)
     final = root / f"step-{step}"
     tmp = root / f".tmp-step-{step}-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     save_weights(model, tokenizer, tmp)
     torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
@@ -64,17 +104,22 @@ def save(run_dir: Path, step: int, model, tokenizer, optimizer, scheduler, metho
         seed_pool.save(tmp)
     (tmp / "trainer_state.json").write_text(json.dumps({"step": step, **extra}, indent=2))
     (tmp / MARKER).write_text("ok\n")
-    for f in tmp.rglob("*"):
+    # a SIGKILL loses nothing the kernel already has, but a power cut can: every file and directory entry
+    # must be on disk before the rename makes the checkpoint visible
+    for f in sorted(tmp.rglob("*"), reverse=True):
         if f.is_file():
             with f.open("rb") as fh:
                 os.fsync(fh.fileno())
-    if final.exists():  # re-saving the same step (e.g. after a resume): replace it
-        shutil.rmtree(final)
+        elif f.is_dir():
+            _fsync_dir(f)
+    _fsync_dir(tmp)
+    if final.exists():  # re-saving the same step (e.g. a step-N left without its marker): replace it
+        _discard(final)
     os.replace(tmp, final)
     _fsync_dir(root)
     if keep_last > 0:
         for old in complete_checkpoints(run_dir)[:-keep_last]:
-            shutil.rmtree(old, ignore_errors=True)
+            _discard(old)
     return final
 
 
@@ -92,31 +137,55 @@ def latest(run_dir: Path) -> Path | None:
     return ckpts[-1] if ckpts else None
 
 
+def _load_pt(path: Path):
+    """A checkpoint's .pt file, unpickled with weights_only=True: tensors, numbers and plain containers
+    only, so a planted file cannot run code. Anything else is refused with the file's name."""
+    try:
+        return torch.load(path, weights_only=True)
+    except pickle.UnpicklingError as e:
+        # torch's message is a page long and suggests allowlisting the global; keep the sentence naming it
+        line = next((line for line in str(e).splitlines() if "unsupported" in line.lower()), "")
+        reason = line.split(". ")[0].strip().removesuffix(".").removeprefix("WeightsUnpickler error: ") or "refused by the weights-only unpickler"
+        raise UserError(
+            f"{path} holds objects other than tensors and numbers ({reason}); thinkrl loads checkpoints with "
+            "weights_only=True and will not unpickle it. Was it written by thinkrl?"
+        ) from None
+    except (RuntimeError, EOFError, IndexError, ValueError) as e:  # what torch raises for a damaged file
+        raise UserError(
+            f"{path} could not be read ({type(e).__name__}: {e}); if it is damaged, delete {path.parent} "
+            "to resume from the checkpoint before it"
+        ) from None
+
+
 def load_weights_into(model, directory: Path) -> None:
-    """Load a checkpoint's weights into an already built model of the same shape."""
+    """Load a checkpoint's weights into an already built model of the same shape (safetensors only: a
+    pickled .bin is never read)."""
     if is_peft(model):
         from peft import set_peft_model_state_dict
         from safetensors.torch import load_file
 
-        state = load_file(str(directory / "adapter" / "adapter_model.safetensors"), device=str(next(model.parameters()).device))
+        path = directory / "adapter" / "adapter_model.safetensors"
+        if not path.is_file():
+            raise UserError(f"{directory} has no adapter/adapter_model.safetensors; thinkrl reads adapters only in safetensors")
+        state = load_file(str(path), device=str(next(model.parameters()).device))
         result = set_peft_model_state_dict(model, state)
         if getattr(result, "unexpected_keys", None):
             raise RuntimeError(f"adapter in {directory} does not match the model: {result.unexpected_keys[:3]}")
     else:
         from transformers import AutoModelForCausalLM
 
-        saved = AutoModelForCausalLM.from_pretrained(directory / "model", dtype=next(model.parameters()).dtype)
+        saved = AutoModelForCausalLM.from_pretrained(directory / "model", dtype=next(model.parameters()).dtype, use_safetensors=True)
         model.load_state_dict(saved.state_dict())
 
 
 def load(ckpt: Path, model, optimizer, scheduler, method, sampler=None, seed_pool=None) -> dict:
     """Restore everything a checkpoint holds; returns its trainer_state."""
     load_weights_into(model, ckpt)
-    optimizer.load_state_dict(torch.load(ckpt / "optimizer.pt", weights_only=True))
-    scheduler.load_state_dict(torch.load(ckpt / "scheduler.pt", weights_only=True))
-    method.load_state_dict(torch.load(ckpt / "method.pt", weights_only=True))
+    optimizer.load_state_dict(_load_pt(ckpt / "optimizer.pt"))
+    scheduler.load_state_dict(_load_pt(ckpt / "scheduler.pt"))
+    method.load_state_dict(_load_pt(ckpt / "method.pt"))
     if sampler is not None and (ckpt / "sampler.pt").is_file():
-        sampler.load_state_dict(torch.load(ckpt / "sampler.pt", weights_only=True))
+        sampler.load_state_dict(_load_pt(ckpt / "sampler.pt"))
     if seed_pool is not None:
         seed_pool.load(ckpt, next(model.parameters()).device)
     return json.loads((ckpt / "trainer_state.json").read_text())
