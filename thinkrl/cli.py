@@ -141,7 +141,8 @@ def run() -> None:
     except UserError as e:
         if _debug:
             raise
-        print(f"error: {e}", file=sys.stderr)
+        # one line even when the message quotes a library's multi-line text: scripts and logs grep "error:"
+        print("error: " + " ".join(line.strip() for line in str(e).splitlines() if line.strip()), file=sys.stderr)
         sys.exit(2)
 
 

@@ -134,35 +134,58 @@ def arith_problems(cfg: ArithConfig, split: str) -> list[Problem]:
 # ---------------------------------------------------------------- files and the hub
 
 
+ROW_HELP = 'expected one JSON object per line, e.g. {"problem": "What is 2 + 3?", "answer": "5"}'
+
+
 def _read_file(path: Path) -> tuple[list[dict[str, Any]], int]:
-    """Rows of a local file and the number of unreadable lines."""
+    """Rows of a local file and the number of unreadable lines (skipped and counted, unless none is readable)."""
     suffix = path.suffix.lower()
+    if suffix not in (".jsonl", ".json", ".csv", ".parquet"):
+        raise UserError(f"{path}: unsupported file type {suffix!r}; use .jsonl, .json, .parquet or .csv")
+    try:
+        return _parse_file(path, suffix)
+    except UserError:
+        raise
+    except UnicodeDecodeError as e:
+        raise UserError(f"{path}: not UTF-8 text (byte {e.start}: {e.reason}); re-save the file as UTF-8") from e
+    except Exception as e:  # a corrupt parquet file, a CSV the csv module rejects, an unreadable file
+        raise UserError(f"{path}: could not read it as {suffix[1:]}: {type(e).__name__}: {str(e).strip()[:200]}") from e
+
+
+def _parse_file(path: Path, suffix: str) -> tuple[list[dict[str, Any]], int]:
     if suffix == ".jsonl" or (suffix == ".json" and not path.read_text()[:1].lstrip() == "["):
-        rows, bad = [], 0
-        for line in path.read_text().splitlines():
+        rows, bad, first_bad = [], 0, None
+        for n, line in enumerate(path.read_text().splitlines(), 1):
             if not line.strip():
                 continue
             try:
                 row = json.loads(line)
-            except json.JSONDecodeError:
-                bad += 1
-                continue
+            except json.JSONDecodeError as e:
+                row, why = None, e.msg
+            else:
+                why = f"a JSON {type(row).__name__}, not an object"
             if isinstance(row, dict):
                 rows.append(row)
             else:
                 bad += 1
+                first_bad = first_bad or (n, why)
+        if bad and not rows:  # nothing to skip *to*: the file is not JSON lines at all
+            raise UserError(f"{path}, line {first_bad[0]}: {first_bad[1]}; no line of the file is a JSON object ({ROW_HELP})")
         return rows, bad
     if suffix == ".json":
-        data = json.loads(path.read_text())
+        try:
+            data = json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            raise UserError(
+                f"{path}, line {e.lineno} column {e.colno}: malformed JSON ({e.msg}); expected a list of objects, or JSON lines"
+            ) from e
         return [r for r in data if isinstance(r, dict)], sum(not isinstance(r, dict) for r in data)
     if suffix == ".csv":
         with path.open(newline="") as f:
             return list(csv.DictReader(f)), 0
-    if suffix == ".parquet":
-        import pyarrow.parquet as pq
+    import pyarrow.parquet as pq
 
-        return pq.read_table(path).to_pylist(), 0
-    raise UserError(f"{path}: unsupported file type {suffix!r}; use .jsonl, .json, .parquet or .csv")
+    return pq.read_table(path).to_pylist(), 0
 
 
 def _local_alias(name: str, split: str) -> Path | None:
@@ -211,20 +234,24 @@ def load_problems(cfg: DataConfig, split: str | None = None) -> Loaded:
         rows, bad = _read_file(local) if local else (_read_hub(spec.path, spec.subset, split or spec.split), 0)
         if bad:
             skipped["unreadable row"] = bad
-        if spec.problem_key in rows[0] and spec.answer_key in rows[0]:  # the hub's own columns
+        if rows and spec.problem_key in rows[0] and spec.answer_key in rows[0]:  # the hub's own columns
             problem_key, answer_key, answer_fn = spec.problem_key, spec.answer_key, spec.answer_fn
         else:  # a prepared {problem, answer} copy
             problem_key, answer_key = "problem", "answer"
+    elif path.is_dir():
+        raise UserError(f"data.name={name} is a directory; pass one .jsonl/.json/.parquet/.csv file")
     elif path.suffix in (".jsonl", ".json", ".parquet", ".csv") or name.startswith((".", "/", "~")):
-        raise UserError(f"dataset file not found: {name}")
+        raise UserError(f"dataset file not found: {name} (data.name / --dataset; relative paths start from {Path.cwd()})")
     else:
         rows = _read_hub(name, cfg.subset, split or cfg.split or "train")
     if not rows:
-        raise UserError(f"dataset {name} has no rows")
-    if problem_key not in rows[0]:
-        raise UserError(f"dataset {name} has no column '{problem_key}' (columns: {', '.join(rows[0])}); set data.problem_key")
-    if answer_key not in rows[0]:
-        raise UserError(f"dataset {name} has no column '{answer_key}' (columns: {', '.join(rows[0])}); set data.answer_key")
+        raise UserError(f"dataset {name} has no rows; {ROW_HELP}")
+    columns = list(dict.fromkeys(k for row in rows[:100] for k in row))  # a first row may lack an optional field
+    for key, option in ((problem_key, "data.problem_key"), (answer_key, "data.answer_key")):
+        if not any(key in row for row in rows):
+            raise UserError(
+                f"dataset {name} has no column '{key}' (columns: {', '.join(map(str, columns))}); set {option} to the right one"
+            )
     problems = []
     for i, row in enumerate(rows):
         raw = row.get(answer_key)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import shutil
 import tempfile
 import warnings
@@ -68,17 +69,32 @@ def bundled_path(alias: str) -> Path:
     return target
 
 
+# A directory AutoTokenizer can load has one of these (a fast tokenizer, its config, or a slow one's vocabulary)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt", "*.model", "*.tiktoken")
+MODEL_HELP = "model.name (--model) takes a local checkpoint directory, a Hugging Face hub id, or the alias smollm2-135m"
+
+
 def resolve_path(name: str) -> str:
     """Alias -> converted directory; local directory -> itself (checked); anything else -> hub id."""
     if name in BUNDLED:
         return str(bundled_path(name))
     path = Path(name).expanduser()
     if path.exists():
+        if not path.is_dir():
+            raise UserError(f"model path {path} is a file; {MODEL_HELP}")
         if not (path / "config.json").is_file():
-            raise UserError(f"model directory {path} has no config.json (expected a transformers checkpoint)")
+            raise UserError(
+                f"model directory {path} has no config.json (expected a transformers checkpoint, as written by save_pretrained)"
+            )
+        if not any(f.is_file() for pattern in TOKENIZER_FILES for f in path.glob(pattern)):
+            # checked before the weights load: transformers' own error here is a traceback about sentencepiece
+            raise UserError(
+                f"model directory {path} has no tokenizer (none of {', '.join(TOKENIZER_FILES[:2])}, ...); "
+                f"save the base model's tokenizer there: AutoTokenizer.from_pretrained(BASE).save_pretrained('{path}')"
+            )
         return str(path)
     if name.startswith((".", "/", "~")) or name.count("/") > 1:
-        raise UserError(f"model path {name} does not exist")
+        raise UserError(f"model path {name} does not exist; {MODEL_HELP}")
     return name
 
 
@@ -93,8 +109,8 @@ def load_tokenizer(path: str):
 
     try:
         tok = AutoTokenizer.from_pretrained(path)
-    except OSError as e:
-        raise UserError(f"could not load a tokenizer for '{path}': {str(e).splitlines()[0]}") from None
+    except Exception as e:  # OSError when files are missing, ValueError / others when they are unusable
+        raise UserError(f"could not load a tokenizer for '{path}': {_first_line(e)}{_load_hint(path)}") from e
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     tok.padding_side = "left"
@@ -106,12 +122,27 @@ def load_base(name: str, dtype: torch.dtype):
     from transformers import AutoModelForCausalLM
 
     path = resolve_path(name)
+    tok = load_tokenizer(path)  # first: it fails faster than the weights load
     try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
-    except OSError as e:
-        hint = "" if Path(path).exists() else " (is the Hugging Face Hub reachable? set HF_HUB_OFFLINE=1 and use a local path otherwise)"
-        raise UserError(f"could not load model '{name}': {str(e).splitlines()[0]}{hint}") from None
-    return model, load_tokenizer(path)
+    except Exception as e:  # missing or corrupt weights, an unknown architecture, an unreachable hub
+        raise UserError(f"could not load model '{name}': {_first_line(e)}{_load_hint(path)}") from e
+    return model, tok
+
+
+def _first_line(e: Exception) -> str:
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0][:300]}" if text else type(e).__name__
+
+
+def _load_hint(path: str) -> str:
+    """What to check when transformers could not load `path`."""
+    if Path(path).exists():
+        return f" (is {path} a complete transformers checkpoint? `thinkrl --debug` shows the traceback)"
+    return (
+        f" ('{path}' is not a local directory, so it was looked up on the Hugging Face Hub; if the hub is "
+        "unreachable, set HF_HUB_OFFLINE=1 and pass a local directory)"
+    )
 
 
 def add_lora(model, lora: LoraConfig):
@@ -123,12 +154,17 @@ def add_lora(model, lora: LoraConfig):
     peft_cfg = PeftLoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=targets, task_type="CAUSAL_LM")
     try:
         return get_peft_model(model, peft_cfg)
-    except ValueError as e:
+    except ValueError as e:  # peft: no module matched, or one it cannot adapt (a norm layer, say)
         names = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)})
         raise UserError(
-            f"model.lora.target_modules={lora.target_modules} matched no module ({str(e).splitlines()[0][:120]}); "
-            f"linear layers in this model: {', '.join(names)}"
-        ) from None
+            f"model.lora.target_modules={','.join(lora.target_modules)}: {_first_sentence(e)}; "
+            f"set it to some of this model's linear layers ({', '.join(names)}) or to all-linear"
+        ) from e
+
+
+def _first_sentence(e: Exception) -> str:
+    """peft's messages run on ('... not found in the base model. Please check the target modules ...')."""
+    return re.split(r"\.\s", str(e).strip().splitlines()[0], maxsplit=1)[0].rstrip(".")[:200]
 
 
 def load_policy(cfg: ModelConfig, device: torch.device):

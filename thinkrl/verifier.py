@@ -8,34 +8,43 @@ When the gold answer is an integer (AIME, GSM8K, arithmetic), the prediction mus
 
 Completions are model output, i.e. untrusted text: the trainer never parses them itself. `VerifierPool`
 grades in worker processes with a per-sample time limit and an address-space limit; a sample that runs
-past the limit, or whose worker dies, scores 0, is counted, and the worker is replaced.
+past the limit, or whose worker dies, scores 0, is counted, and the worker is replaced. Extraction is
+linear in the completion's length and a boxed answer longer than MAX_ANSWER_CHARS scores 0 unparsed, so
+long or deeply nested output costs a pass over the text, not a sympy parse (tests/test_hostile.py).
 """
 
 from __future__ import annotations
 
+import atexit
 import multiprocessing as mp
+import re
 import time
 from multiprocessing.connection import Connection, wait
 
 TAIL_CHARS = 4000  # unboxed fallback: answers sit at the end; bounds the text math-verify scans
+MAX_ANSWER_CHARS = 1000  # a longer boxed "answer" is not one (MATH answers are < 200 chars): 0, unparsed
+_BOX_OPEN = re.compile(r"\\(?:boxed|fbox) *\{")
+_BRACE = re.compile(r"[{}]")
 
 
 def extract_boxed(text: str) -> str | None:
-    """Content of the last \\boxed{...} (or \\fbox{...}) with balanced braces; None if there is none."""
-    start = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
-    while start != -1:
-        i = text.find("{", start)
-        if i != -1 and text[start:i].replace(" ", "") in ("\\boxed", "\\fbox"):
-            depth = 0
-            for j in range(i, len(text)):
-                if text[j] == "{":
-                    depth += 1
-                elif text[j] == "}":
-                    depth -= 1
-                    if depth == 0:
-                        return text[i + 1 : j]
-        # unbalanced or malformed: try the box before it
-        start = max(text.rfind("\\boxed", 0, start), text.rfind("\\fbox", 0, start))
+    """Content of the last \\boxed{...} (or \\fbox{...}) with balanced braces; None if there is none.
+
+    One pass over the braces with a stack: a box that never closes falls back to the one before it, and
+    matching each box from scratch would be quadratic on output such as a thousand unclosed boxes."""
+    opens = [m.end() - 1 for m in _BOX_OPEN.finditer(text)]  # index of each box's "{"
+    if not opens:
+        return None
+    closing: dict[int, int] = {}  # "{" index -> index of its matching "}"
+    stack: list[int] = []
+    for m in _BRACE.finditer(text, opens[0]):
+        if m.group() == "{":
+            stack.append(m.start())
+        elif stack:  # a stray "}" closes nothing
+            closing[stack.pop()] = m.start()
+    for i in reversed(opens):  # the last box that closes
+        if i in closing:
+            return text[i + 1 : closing[i]]
     return None
 
 
@@ -47,6 +56,8 @@ def grade(completion: str, answer: str) -> tuple[float, str | None]:
     box = extract_boxed(completion)
     if box is not None:
         box = box.strip()
+        if len(box) > MAX_ANSWER_CHARS:  # e.g. 10^5 nested brackets: parsing would only run into the time limit
+            return 0.0, box[:MAX_ANSWER_CHARS]
         pred = parse("\\boxed{" + box + "}") if box else []
         extracted = box or None
     else:
@@ -85,26 +96,54 @@ def load_grader(spec: str):
 
 def _worker(conn: Connection, memory_mb: int, grade_fn) -> None:
     """Worker process: receive (index, completion, answer), send back (index, (score, extracted))."""
+    import logging
     import resource
 
+    _tie_to_trainer()
     if memory_mb > 0:
         limit = memory_mb * 1024 * 1024
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    # math-verify logs every timed-out sample in full (up to megabytes of model output) on the trainer's
+    # terminal; the pool counts those samples instead
+    logging.getLogger("math_verify").setLevel(logging.ERROR)
     score("\\boxed{1}", "1")  # import and warm math-verify/sympy before the first real sample
-    conn.send(("ready", None))
-    while True:
-        try:
+    try:
+        conn.send(("ready", None))
+        while True:
             msg = conn.recv()
-        except EOFError:
-            return
-        if msg is None:
-            return
-        idx, completion, answer = msg
-        try:
-            value = grade_fn(completion, answer)
-        except Exception:  # malformed input must score 0, never kill the worker
-            value = (0.0, None)
-        conn.send((idx, value))
+            if msg is None:
+                return
+            idx, completion, answer = msg
+            try:
+                value = grade_fn(completion, answer)
+            except BaseException:  # malformed input scores 0 and never kills the worker; math-verify's
+                value = (0.0, None)  # TimeoutException derives from BaseException, not Exception
+            conn.send((idx, value))
+    except (EOFError, OSError):  # the trainer is gone
+        return
+
+
+def _tie_to_trainer() -> None:
+    """Make the trainer the only one that ends this worker.
+
+    Linux: the kernel sends SIGKILL when the trainer dies, even by SIGKILL, so no worker is left grinding
+    a hostile sample for nobody (an idle worker ends anyway, on the pipe's EOF). Then SIGINT and SIGTERM
+    are ignored: Ctrl-C and a scheduler's SIGTERM reach the whole process group, and the trainer's
+    graceful stop still needs its workers to grade the last step. (PR_SET_PDEATHSIG fires when the thread
+    that started the worker exits: create a VerifierPool in a thread that outlives it.)"""
+    import ctypes
+    import os
+    import signal
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: keep the default signal handling
+        return
+    parent = mp.parent_process()
+    if parent is not None and os.getppid() != parent.pid:  # the trainer died before prctl took effect
+        os._exit(0)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 class VerifierPool:
@@ -117,12 +156,24 @@ class VerifierPool:
     """
 
     def __init__(self, workers: int = 2, timeout: float = 5.0, memory_mb: int = 4096, grade_fn=grade) -> None:
-        """grade_fn: a module-level function (completion, answer) -> (score, extracted); tests inject faults here."""
+        """grade_fn: a module-level function (completion, answer) -> (score, extracted); tests inject faults here.
+        It travels to the workers by reference (module and name) and each worker imports it afresh."""
         self.timeout, self.memory_mb, self.grade_fn = timeout, memory_mb, grade_fn
         self._ctx = mp.get_context("spawn")  # never fork the trainer (torch threads, CUDA state)
-        self._workers: list[tuple[mp.Process, Connection] | None] = [self._spawn() for _ in range(max(1, workers))]
+        # Workers ignore SIGTERM, and multiprocessing's own exit hook would SIGTERM them and wait for ever:
+        # close first (atexit runs last-registered first, and multiprocessing registered its hook on import),
+        # which also covers a start-up cut short (Ctrl-C while sympy imports) with some workers running.
+        self._workers: list[tuple[mp.Process, Connection] | None] = []
+        atexit.register(self.close)
+        for _ in range(max(1, workers)):
+            self._workers.append(self._spawn())
         for i, w in enumerate(self._workers):
             self._await_ready(i, w)
+
+    @property
+    def pids(self) -> list[int]:
+        """Process ids of the current workers (for monitoring, and for the tests that kill one)."""
+        return [w[0].pid for w in self._workers if w is not None]
 
     def _spawn(self) -> tuple[mp.Process, Connection]:
         parent, child = self._ctx.Pipe()
@@ -149,6 +200,18 @@ class VerifierPool:
         self._workers[i] = self._spawn()
         self._await_ready(i, self._workers[i])
 
+    def _send(self, i: int, msg) -> bool:
+        """Hand worker i a sample; False (and the worker replaced) if it had died while idle."""
+        proc, conn = self._workers[i]
+        try:
+            if proc.is_alive():
+                conn.send(msg)
+                return True
+        except OSError:  # BrokenPipeError: it died between is_alive and send
+            pass
+        self._replace(i)
+        return False
+
     def score(self, completions: list[str], answers: list[str]) -> tuple[list[float], dict[str, int]]:
         scores, _, stats = self.grade(completions, answers)
         return scores, stats
@@ -158,13 +221,21 @@ class VerifierPool:
         results: list[tuple[float, str | None]] = [(0.0, None)] * len(completions)
         stats = {"timeouts": 0, "crashes": 0}
         todo = list(range(len(completions)))[::-1]
+        resent: set[int] = set()
         busy: dict[int, tuple[int, float]] = {}  # worker slot -> (sample index, start time)
         while todo or busy:
             for i in range(len(self._workers)):
                 if i not in busy and todo:
                     idx = todo.pop()
-                    self._workers[i][1].send((idx, completions[idx], str(answers[idx])))
-                    busy[i] = (idx, time.monotonic())
+                    if self._send(i, (idx, completions[idx], str(answers[idx]))):
+                        busy[i] = (idx, time.monotonic())
+                    else:  # the worker had died while idle (killed from outside): a crash, but not this
+                        stats["crashes"] += 1  # sample's doing, so it goes to the replacement (once; then it scores 0)
+                        if idx not in resent:
+                            resent.add(idx)
+                            todo.append(idx)
+            if not busy:  # every send found a dead worker: hand the samples to the replacements
+                continue
             conns = {self._workers[i][1]: i for i in busy}
             now = time.monotonic()
             next_deadline = min(start + self.timeout for _, start in busy.values())
@@ -173,19 +244,21 @@ class VerifierPool:
                 try:
                     idx, (value, extracted) = conn.recv()
                     results[idx] = (float(value), extracted)
-                except (EOFError, OSError):  # worker died mid-sample (e.g. out of memory)
+                except (EOFError, OSError):  # worker died mid-sample (e.g. out of memory, or killed)
                     stats["crashes"] += 1
                     self._replace(i)
                 del busy[i]
             now = time.monotonic()
             for i, (_, start) in list(busy.items()):
-                if now - start > self.timeout:
+                # poll: a result that arrived while another worker was being replaced is not a timeout
+                if now - start > self.timeout and not self._workers[i][1].poll():
                     stats["timeouts"] += 1
                     self._replace(i)
                     del busy[i]
         return [r[0] for r in results], [r[1] for r in results], stats
 
     def close(self) -> None:
+        atexit.unregister(self.close)
         for w in self._workers:
             if w is None:
                 continue

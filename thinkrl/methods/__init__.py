@@ -133,8 +133,11 @@ def _discover() -> None:
             ep.load()
         except UserError:
             raise
-        except Exception as e:  # a broken third-party plugin must not look like a thinkrl bug
-            raise UserError(f"method plugin entry point '{ep.name}' ({ep.value}) failed to import: {e}") from None
+        except (Exception, SystemExit) as e:  # a broken third-party plugin must not look like a thinkrl bug
+            raise UserError(
+                f"method plugin entry point '{ep.name}' ({ep.value}) failed to import: {_describe(e)}; "
+                "fix or uninstall the package that provides it (`thinkrl --debug` shows the traceback)"
+            ) from e
 
 
 def load_plugins(directory: str | Path) -> list[str]:
@@ -158,10 +161,33 @@ def load_plugins(directory: str | Path) -> list[str]:
         except UserError:
             del sys.modules[mod_name]
             raise
-        except Exception as e:
+        except (Exception, SystemExit) as e:  # SystemExit: a plugin calling sys.exit() at import
             del sys.modules[mod_name]
-            raise UserError(f"plugin {path} failed to import: {type(e).__name__}: {e}") from None
+            line = _plugin_line(e, path)
+            raise UserError(
+                f"plugin {path} failed to import: {_describe(e)}{f' (line {line})' if line else ''}; "
+                f"fix it, or move it out of {directory} (`thinkrl --debug` shows the traceback)"
+            ) from e
     return sorted(set(_REGISTRY) - before)
+
+
+def _describe(e: BaseException) -> str:
+    """'SyntaxError: invalid syntax' (without SyntaxError's own '(file, line N)': the caller names those)."""
+    msg = e.msg if isinstance(e, SyntaxError) and e.msg else str(e).strip()
+    msg = msg.splitlines()[0][:200] if msg else ""
+    return f"{type(e).__name__}: {msg}" if msg else type(e).__name__
+
+
+def _plugin_line(e: BaseException, path: Path) -> int | None:
+    """The line of the plugin file itself where the import failed (the deepest frame in it)."""
+    if isinstance(e, SyntaxError) and e.filename and Path(e.filename).resolve() == path.resolve():
+        return e.lineno
+    line, tb = None, e.__traceback__
+    while tb is not None:
+        if Path(tb.tb_frame.f_code.co_filename).resolve() == path.resolve():
+            line = tb.tb_lineno
+        tb = tb.tb_next
+    return line
 
 
 def available_methods() -> list[str]:
