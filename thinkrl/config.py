@@ -99,6 +99,8 @@ class RolloutConfig:
     """Prompts per training step; the step's batch is prompts_per_step x group_size completions."""
     max_new_tokens: int = 48
     """Longest completion; longer ones are cut and counted as truncated."""
+    min_new_tokens: int = 0
+    """Suppress EOS before this many tokens (benchmarks: fixed-length completions, as TRL's min_new_tokens)."""
     temperature: float = 1.0
     """Sampling temperature; the policy being trained is softmax(logits / temperature)."""
     top_p: float = 1.0
@@ -192,6 +194,9 @@ class TrainConfig:
     """Checkpoint every N steps (0 = only at the end)."""
     keep_last: int = 2
     """Checkpoints kept on disk (0 = keep all)."""
+    max_nonfinite_steps: int = 3
+    """Stop (after a checkpoint) when this many consecutive steps had every update skipped for a NaN/inf
+    loss or gradient (0 = never stop; skipped updates are always counted as update/skipped_nonfinite)."""
 
 
 @dataclass
@@ -384,6 +389,7 @@ def resolve(cfg: Config) -> Config:
         (t.mini_batches >= 1 and t.epochs >= 1, "train.mini_batches and train.epochs must be >= 1"),
         (r.prompts_per_step * r.group_size >= t.mini_batches, "train.mini_batches exceeds the completions per step"),
         (len(t.adam_betas) == 2, "train.adam_betas needs two values"),
+        (t.max_nonfinite_steps >= 0, "train.max_nonfinite_steps must be >= 0 (0 = never stop)"),
         (cfg.model.lora.rank >= 0, "model.lora.rank must be >= 0 (0 = full fine-tuning)"),
         (cfg.verifier.timeout > 0 and cfg.verifier.workers >= 1, "verifier.timeout > 0 and verifier.workers >= 1"),
         (cfg.eval.every >= 0 and cfg.eval.limit >= 0, "eval.every and eval.limit must be >= 0"),

@@ -7,6 +7,11 @@ looks at the method's name: what a method needs beyond log-probs it declares in 
 
 Run:  thinkrl train                      (bundled SmolLM2-135M-Instruct, built-in arithmetic, grpo)
       thinkrl train configs/demo.yaml --method dapo -o train.steps=100
+
+Failures end the run with one line (a UserError, exit 2) that says what to change, and never cost the last
+complete checkpoint: train.max_nonfinite_steps steps in a row of NaN/inf updates (checkpoint, then stop), a
+failed write (disk full, unwritable --output-dir), GPU out of memory (nothing new saved). SIGINT/SIGTERM
+finish the step, checkpoint, and print the resume command (exit 0).
 """
 
 from __future__ import annotations
@@ -15,14 +20,13 @@ import contextlib
 import json
 import math
 import random
-import signal
 import time
 from dataclasses import replace
 from pathlib import Path
 
 import torch
 
-from thinkrl import checkpoint
+from thinkrl import checkpoint, faults
 from thinkrl.advantages import compute_advantages
 from thinkrl.collect import collect
 from thinkrl.config import Config, resolve, save_config
@@ -34,7 +38,7 @@ from thinkrl.methods import get_method
 from thinkrl.models import load_base, load_policy, parameter_counts
 from thinkrl.sampler import PolicySampler
 from thinkrl.update import RolloutBatch, update
-from thinkrl.verifier import VerifierPool, load_grader
+from thinkrl.verifier import load_grader
 
 
 def seed_step(seed: int, step: int, device: torch.device) -> torch.Generator:
@@ -74,24 +78,6 @@ def prepare_data(cfg: Config, tok, run_dir: Path):
     return prompts
 
 
-class StopFlag:
-    """First SIGINT/SIGTERM: finish the current step, checkpoint, exit. A second SIGINT interrupts at once."""
-
-    def __init__(self) -> None:
-        self.stop = False
-        self._old = {s: signal.signal(s, self._handle) for s in (signal.SIGINT, signal.SIGTERM)}
-
-    def _handle(self, signum, frame) -> None:
-        if self.stop and signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        self.stop = True
-        console.print("[yellow]stopping after this step (checkpoint first); press Ctrl-C again to abort now[/]")
-
-    def restore(self) -> None:
-        for s, h in self._old.items():
-            signal.signal(s, h)
-
-
 def train(cfg: Config, resume: bool = False) -> Path:
     from accelerate import Accelerator
 
@@ -102,8 +88,9 @@ def train(cfg: Config, resume: bool = False) -> Path:
         console.print(f"no complete checkpoint in {run_dir}: starting from step 0")
     if not resume and (run_dir / "metrics.jsonl").exists():
         raise UserError(f"{run_dir} already holds a run; continue it with --resume {run_dir} or pick a new --output-dir")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    save_config(cfg, run_dir / "config.yaml")
+    with faults.writes(run_dir, run_dir, started=False):  # an unwritable --output-dir fails here, before any work
+        run_dir.mkdir(parents=True, exist_ok=True)
+        save_config(cfg, run_dir / "config.yaml")
 
     # --- setup: accelerator, model, method, data, optimizer
     accelerator = Accelerator(cpu=not torch.cuda.is_available())
@@ -116,7 +103,9 @@ def train(cfg: Config, resume: bool = False) -> Path:
     estimator = method.advantage if cfg.advantage.estimator == "auto" else cfg.advantage.estimator
     prompts = prepare_data(cfg, tok, run_dir)
     tc, rc = cfg.train, cfg.rollout
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=tc.lr, betas=tuple(tc.adam_betas), weight_decay=tc.weight_decay)
+    optimizer = torch.optim.AdamW(
+        [p for p in model.parameters() if p.requires_grad], lr=tc.lr, betas=tuple(tc.adam_betas), weight_decay=tc.weight_decay
+    )
     total_updates = tc.steps * tc.mini_batches * tc.epochs
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(tc, total_updates))
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
@@ -127,6 +116,7 @@ def train(cfg: Config, resume: bool = False) -> Path:
     seed_pool = _seed_pool(cfg, run_dir) if cfg.seeds.enabled else None
     if ckpt is not None:
         start = checkpoint.load(ckpt, accelerator.unwrap_model(model), optimizer, scheduler, method, sampler, seed_pool)["step"]
+        _use_config_hyperparameters(optimizer, scheduler, tc, total_updates)
         console.print(f"resuming {run_dir} from {ckpt.name}")
     metrics_log.truncate_after(start)
     rollouts_log.truncate_after(start)
@@ -135,17 +125,29 @@ def train(cfg: Config, resume: bool = False) -> Path:
 
     def save(step: int) -> None:
         state = {"seed": tc.seed, "method": cfg.method.name}
-        checkpoint.save(run_dir, step, accelerator.unwrap_model(model), tok, optimizer, scheduler, method, state, tc.keep_last, sampler, seed_pool)
+        try:
+            with faults.writes(run_dir / "checkpoints" / f"step-{step}", run_dir):
+                policy = accelerator.unwrap_model(model)
+                checkpoint.save(run_dir, step, policy, tok, optimizer, scheduler, method, state, tc.keep_last, sampler, seed_pool)
+        except UserError:
+            with contextlib.suppress(OSError):  # the half-written temporary directory: give its space back now
+                checkpoint.remove_stale(run_dir)
+            raise
 
-    flag = StopFlag()
+    flag = faults.StopFlag()
+    step, phase, nonfinite = start, "setup", 0  # nonfinite: steps in a row whose every update was skipped
     try:
-        with VerifierPool(cfg.verifier.workers, cfg.verifier.timeout, grade_fn=load_grader(cfg.verifier.grader)) as pool, progress() as bar:
+        with (
+            faults.ShieldedPool(cfg.verifier.workers, cfg.verifier.timeout, grade_fn=load_grader(cfg.verifier.grader)) as pool,
+            progress() as bar,
+        ):
             task = bar.add_task(cfg.method.name, total=tc.steps, completed=start, info="")
             for step in range(start, tc.steps):
                 t0 = time.perf_counter()
                 generator = seed_step(tc.seed, step + 1, device)
 
                 # 1-2. rollout and score: G completions per prompt with behaviour log-probs, rewards (B,)
+                phase = "generation"
                 sampler.refresh()
                 if seed_pool is not None:  # Thinking Seeds: every seeds.every steps the policy joins the pool
                     seed_pool.maybe_add(step, sampler.snapshot())
@@ -153,6 +155,7 @@ def train(cfg: Config, resume: bool = False) -> Path:
                 t2 = time.perf_counter()
 
                 # 3. advantages (B,) and 4. update (skipped when dynamic sampling kept no group)
+                phase = "update"
                 upd, adv, astats = {}, torch.zeros(0), {}
                 if samples.prompts:
                     adv, astats = compute_advantages(samples.rewards, rc.group_size, estimator, cfg.advantage.eps)
@@ -161,29 +164,53 @@ def train(cfg: Config, resume: bool = False) -> Path:
                         comp = replace(comp, mask=comp.mask & ~comp.truncated[:, None])
                     rb = RolloutBatch([p.ids for p in samples.prompts for _ in range(rc.group_size)], comp, adv.to(device), rc.group_size)
                     upd = update(model, method, optimizer, scheduler, accelerator, rb, cfg, pad, generator, ref_model)
+                nonfinite = faults.nonfinite_streak(nonfinite, upd)
                 t3 = time.perf_counter()
 
                 # 5. evaluate (eval.every), log, checkpoint
                 done = step + 1 == tc.steps
                 evals = {}
                 if cfg.eval.every and ((step + 1) % cfg.eval.every == 0 or done):
+                    phase = "evaluation"
                     evals = eval_during_training(sampler.refresh(current=True), tok, cfg, run_dir, step + 1, pool)
                     evals["time/eval"] = time.perf_counter() - t3
                 record = _step_record(step + 1, samples, upd, astats, {"time/update": t3 - t2, "time/step": t3 - t0, **evals})
-                metrics_log.write(record)
+                with faults.writes(metrics_log.path, run_dir):
+                    metrics_log.write(record)
                 if cfg.log.rollouts_every and (step + 1) % cfg.log.rollouts_every == 0:
-                    rollouts_log.write(_rollout_records(step + 1, samples, adv, rc.group_size))
+                    with faults.writes(rollouts_log.path, run_dir):
+                        rollouts_log.write(_rollout_records(step + 1, samples, adv, rc.group_size))
                 bar.console.print(step_line(record, tc.steps), soft_wrap=True)
                 bar.update(task, advance=1, info=f"reward {record['reward/mean']:.3f}")
-                if done or (tc.save_every and (step + 1) % tc.save_every == 0) or flag.stop:
+                diverged = 0 < tc.max_nonfinite_steps <= nonfinite
+                if done or (tc.save_every and (step + 1) % tc.save_every == 0) or flag.stop or diverged:
                     save(step + 1)
+                if diverged:  # the checkpoint holds the last good weights: skipped updates changed nothing
+                    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+                    raise UserError(faults.nonfinite_message(cfg, step + 1, nonfinite, run_dir, dtype))
                 if flag.stop and not done:
-                    console.print(f"stopped after step {step + 1}; continue with: thinkrl train --resume {run_dir}")
+                    # soft_wrap: never wrapped at the console width, so the command stays one copyable line in a log file
+                    console.print(f"stopped after step {step + 1}; continue with: thinkrl train --resume {run_dir}", soft_wrap=True)
                     break
+    except RuntimeError as e:  # torch.cuda.OutOfMemoryError is a RuntimeError, as are older torch's OOM errors
+        if not faults.is_out_of_memory(e):
+            raise
+        raise UserError(faults.out_of_memory_message(cfg, step + 1, phase, run_dir)) from e
     finally:
         flag.restore()
     console.print(f"run directory: {run_dir}")
     return run_dir
+
+
+def _use_config_hyperparameters(optimizer, scheduler, tc, total_updates: int) -> None:
+    """A checkpoint restores the optimizer's LR, betas and weight decay as they were saved; the config wins,
+    so `--resume RUN_DIR -o train.lr=...` (the fix for a diverging run) takes effect. The schedule keeps its
+    position: the LR becomes train.lr x schedule(position), exactly what an unchanged config had anyway."""
+    sched = getattr(scheduler, "scheduler", scheduler)  # accelerate wraps the torch scheduler
+    factor = lr_lambda(tc, total_updates)(sched.last_epoch)
+    sched.base_lrs = [tc.lr for _ in optimizer.param_groups]
+    for group in optimizer.param_groups:
+        group.update(initial_lr=tc.lr, lr=tc.lr * factor, betas=tuple(tc.adam_betas), weight_decay=tc.weight_decay)
 
 
 def _seed_pool(cfg: Config, run_dir: Path):
@@ -199,7 +226,10 @@ def _sampler_records(method, cfg: Config) -> dict:
     if cfg.train.old_policy != "sampler":
         return {}
     needs = method.requires
-    return {"record_topk": method.topk_width if needs & {"topk_ids", "topk_old_logp", "topk_logp"} else 0, "record_entropy": "old_entropy" in needs}
+    return {
+        "record_topk": method.topk_width if needs & {"topk_ids", "topk_old_logp", "topk_logp"} else 0,
+        "record_entropy": "old_entropy" in needs,
+    }
 
 
 def _reference(cfg: Config, model, device):
@@ -229,7 +259,9 @@ def _step_record(step: int, samples, upd: dict, astats: dict, times: dict) -> di
         "reward/mean": scores.mean().item(),
         "reward/std": scores.std().item() if len(scores) > 1 else 0.0,
         "reward/shaped_mean": samples.rewards.mean().item() if len(samples.rewards) else 0.0,
-        "loss": 0.0, "entropy": 0.0, "grad_norm": 0.0,  # stay 0 when a step has nothing to train on
+        "loss": 0.0,
+        "entropy": 0.0,
+        "grad_norm": 0.0,  # stay 0 when a step has nothing to train on
         **upd,
         "length/mean": lengths.mean().item(),
         "length/max": int(lengths.max()),
@@ -258,7 +290,11 @@ def _rollout_records(step: int, samples, adv, G: int) -> list[dict]:
             "advantage": adv[i].item(),
             "length": int(samples.comp.lengths[i]),
             "truncated": bool(samples.comp.truncated[i]),
-            **({"prefix_len": int(samples.comp.prefix_len[i]), "seed_step": int(samples.comp.seed_step[i])} if samples.comp.prefix_len is not None else {}),
+            **(
+                {"prefix_len": int(samples.comp.prefix_len[i]), "seed_step": int(samples.comp.seed_step[i])}
+                if samples.comp.prefix_len is not None
+                else {}
+            ),
         }
         for i, text in enumerate(samples.texts)
     ]

@@ -6,10 +6,20 @@ otherwise old_logp, and whatever else the method requires of pi_old, comes from 
 the first update (thinkrl/proximal.py), after which the method's begin_step sees the whole batch.
 Within a mini-batch, sequences are sorted by length and cut into micro-batches of train.micro_batch_size;
 losses use the mini-batch's global token and sequence counts, so the split never changes the update.
+
+A mini-batch whose loss or gradient norm is NaN/inf is not applied: its gradients are dropped, it is counted
+in update/skipped_nonfinite, and its metrics are left out of the step's averages (train.py stops the run
+after train.max_nonfinite_steps steps in a row with nothing applied). The LR schedule still advances, as it
+already did for a mini-batch with every token masked. Either choice resumes exactly (scheduler.pt holds the
+position); advancing keeps the schedule a clock over the planned updates (steps x mini_batches x epochs), so
+the LR at step s is the same in every run of a config and the decay ends with the run, where not advancing
+would shift the rest of the schedule by each skip. Adam's step count (its bias correction) advances only
+with updates actually applied.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -57,14 +67,14 @@ def update(model, method, optimizer, scheduler, accelerator, rb: RolloutBatch, c
     # a method that takes statistics over the batch it sees (80/20, STAPO) gets the whole mini-batch at once
     micro_size = B if method.batch_statistics else tc.micro_batch_size
     params = [p for p in model.parameters() if p.requires_grad]
-    counts = {"tokens": 0, "updates": 0}
+    counts = {"tokens": 0, "updates": 0, "skipped": 0}
     model.train()
     for _ in range(tc.epochs):
         # the global RNG is reseeded from (seed, step) each step, so this shuffle is reproducible
         order = torch.randperm(B) if tc.mini_batches > 1 else torch.arange(B)
         for mini in order.chunk(tc.mini_batches):
             num_tokens, num_seqs = int(mask_cpu[mini].sum()), len(mini)
-            loss_sum = 0.0
+            loss_sum, mini_sums, mini_tokens = 0.0, {}, 0  # this mini-batch's; kept only if it is applied
             for rows in proximal.micro_batches(mini, lengths, micro_size, rb.group_size):
                 n = int(mask_cpu[rows].sum())
                 if n == 0:
@@ -104,23 +114,39 @@ def update(model, method, optimizer, scheduler, accelerator, rb: RolloutBatch, c
                     metrics["correction/zero_frac"] = masked_mean(batch.is_weights == 0, mask)
                 accelerator.backward(loss)
                 loss_sum = loss_sum + loss.detach()
-                counts["tokens"] += n
-                _add(sums, "entropy", torch.where(mask, ent, 0.0).sum())
+                mini_tokens += n
+                _add(mini_sums, "entropy", torch.where(mask, ent, 0.0).sum())
                 for k, v in metrics.items():
-                    _add(sums, k, v.detach().float() * n)
+                    _add(mini_sums, k, v.detach().float() * n)
+            trained = not isinstance(loss_sum, float)  # False: every row of this mini-batch was masked
             max_norm = tc.grad_clip if tc.grad_clip > 0 else float("inf")
             grad_norm = accelerator.clip_grad_norm_(params, max_norm)
-            optimizer.step()
-            scheduler.step()
+            # one device sync per optimizer step: a NaN/inf gradient would enter Adam's moments and poison
+            # every later update, so it must be caught before optimizer.step()
+            finite = not trained or bool(torch.isfinite(grad_norm) & torch.isfinite(loss_sum))
+            if finite:
+                optimizer.step()
+            else:
+                counts["skipped"] += 1
+            with warnings.catch_warnings():  # torch warns when the schedule moves before any optimizer.step()
+                warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)`")
+                scheduler.step()  # also for a skipped update: see the module docstring
             optimizer.zero_grad(set_to_none=True)
-            if isinstance(loss_sum, float):
-                continue  # nothing was trained in this mini-batch
+            if not (trained and finite):
+                continue
+            for k, v in mini_sums.items():
+                _add(sums, k, v)
             _add(sums, "loss", loss_sum)
             _add(sums, "grad_norm", grad_norm.detach().float())
+            counts["tokens"] += mini_tokens
             counts["updates"] += 1
     out = {k: (v / counts["updates"]) if k in ("loss", "grad_norm") else v / max(counts["tokens"], 1) for k, v in sums.items()}
     out = {k: float(v) for k, v in out.items()}
     out.update({k: float(v) for k, v in step_metrics.items()})
+    if counts["skipped"] and not counts["updates"]:  # nothing applied: show the failure, not a clean 0.0
+        out["loss"] = out["grad_norm"] = float("nan")
+    out["update/optimizer_steps"] = counts["updates"]
+    out["update/skipped_nonfinite"] = counts["skipped"]
     out["lr"] = scheduler.get_last_lr()[0]
     return out
 
