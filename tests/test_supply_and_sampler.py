@@ -181,3 +181,14 @@ def test_staleness_and_sampler_old_policy_resume_exactly(tiny_model_dir, tmp_pat
     assert split == straight
     # stale samples: from step 2 on the sampler lags the policy, so the mismatch is real
     assert straight[0]["mismatch/abs_log_ratio"] < 1e-5 < straight[1]["mismatch/abs_log_ratio"]
+
+
+def test_micro_batches_cap_padded_tokens_and_keep_groups_together():
+    from thinkrl.proximal import micro_batches
+
+    lengths = torch.tensor([10, 300, 20, 250, 5, 5, 400, 1])  # two groups of 4
+    plain = micro_batches(torch.arange(8), lengths, 8, 4)
+    assert [b.tolist() for b in plain] == [[1, 3, 2, 0, 6, 4, 5, 7]]  # group 0 longest first, then group 1
+    capped = micro_batches(torch.arange(8), lengths, 8, 4, max_tokens=600)
+    assert [b.tolist() for b in capped] == [[1, 3], [2, 0], [6], [4, 5, 7]]  # rows x longest <= 600
+    assert sorted(sum((b.tolist() for b in capped), [])) == list(range(8))

@@ -51,7 +51,7 @@ def collect(step: int, prompts: list[Prompt], cfg, sampler, tok, pool, generator
     """The step's kept groups, sampled with `sampler` (its last refresh) and graded by `pool`; with a
     Thinking Seeds `seed_pool`, part of each group starts from historical prefixes (thinkrl/seeds.py)."""
     rc, G = cfg.rollout, cfg.rollout.group_size
-    sampling = Sampling(rc.max_new_tokens, rc.temperature, rc.top_p, rc.top_k)
+    sampling = Sampling(rc.max_new_tokens, rc.temperature, rc.top_p, rc.top_k, rc.min_new_tokens)
     kept: list[tuple[Prompt, Completions, list[str], Tensor]] = []
     distinct: list[int] = []  # distinct extracted answers per sampled group: a diversity measure
     stats = {"verifier/timeouts": 0, "verifier/crashes": 0, "sampling/rounds": 0, "sampling/dropped_groups": 0, "time/generate": 0.0, "time/score": 0.0}
@@ -61,7 +61,9 @@ def collect(step: int, prompts: list[Prompt], cfg, sampler, tok, pool, generator
         if seed_pool is not None:
             comp = seeded_generate(sampler, seed_pool, step, [p.ids for p in batch], G, sampling, cfg.seeds, eos, pad, generator, tok)
         else:
-            comp = generate(sampler.restore(), [p.ids for p in batch], G, sampling, eos, pad, generator, record_topk, record_entropy)
+            model, ids, per = sampler.restore(), [p.ids for p in batch], max(1, rc.batch_size // G)  # rollout.batch_size rows at a time
+            parts = [generate(model, ids[i : i + per], G, sampling, eos, pad, generator, record_topk, record_entropy) for i in range(0, len(ids), per)]
+            comp = parts[0] if len(parts) == 1 else Completions.cat(parts, pad)
         t1 = time.perf_counter()
         texts = tok.batch_decode([row[m].tolist() for row, m in zip(comp.tokens, comp.mask)], skip_special_tokens=True)
         scores, extracted, vstats = pool.grade(texts, [p.answer for p in batch for _ in range(G)])

@@ -114,7 +114,7 @@ class RolloutConfig:
     staleness: int = 0
     """Sample with the policy of this many training steps ago (0 = the current one): controlled off-policy data."""
     batch_size: int = 64
-    """Completions decoded together in one generation batch."""
+    """Completions decoded together in one generation batch (whole groups; Thinking Seeds rounds decode at once)."""
     dynamic_sampling: bool = False
     """DAPO: drop groups whose rewards are all equal and sample more prompts until the step is full."""
     max_sampling_rounds: int = 3
@@ -181,6 +181,9 @@ class TrainConfig:
     """AdamW betas."""
     grad_clip: float = 1.0
     """Clip the global gradient norm to this value (0 = off)."""
+    micro_batch_tokens: int = 4096
+    """Cap on padded completion tokens per forward/backward pass (0 = none): long completions get fewer
+    rows per micro-batch (memory only: the result does not depend on it)."""
     micro_batch_size: int = 8
     """Sequences per forward/backward pass (memory knob; does not change the result)."""
     mini_batches: int = 1
@@ -386,6 +389,7 @@ def resolve(cfg: Config) -> Config:
         (t.steps >= 1, "train.steps must be >= 1"),
         (t.lr > 0, "train.lr must be > 0"),
         (t.micro_batch_size >= 1, "train.micro_batch_size must be >= 1"),
+        (t.micro_batch_tokens >= 0, "train.micro_batch_tokens must be >= 0 (0 = no cap)"),
         (t.mini_batches >= 1 and t.epochs >= 1, "train.mini_batches and train.epochs must be >= 1"),
         (r.prompts_per_step * r.group_size >= t.mini_batches, "train.mini_batches exceeds the completions per step"),
         (len(t.adam_betas) == 2, "train.adam_betas needs two values"),

@@ -35,12 +35,24 @@ class OldPolicy:
     token_js: Tensor | None = None  # (B, T)
 
 
-def micro_batches(rows: Tensor, lengths: Tensor, size: int, group_size: int) -> list[Tensor]:
-    """Rows ordered by prompt group, longest completion first within a group, cut into micro-batches:
-    a group's completions share one prompt forward, and similar lengths pad less."""
+def micro_batches(rows: Tensor, lengths: Tensor, size: int, group_size: int, max_tokens: int = 0) -> list[Tensor]:
+    """Rows ordered by prompt group, longest completion first within a group, cut into micro-batches of at
+    most `size` rows and, with max_tokens, at most that many padded completion tokens (rows x longest):
+    a group's completions share one prompt forward, similar lengths pad less, and long completions get
+    fewer rows per pass, so activation memory stays bounded as completions grow."""
     key = (rows // group_size) * (lengths.max() + 1) - lengths[rows]
-    order = rows[torch.argsort(key, stable=True)]
-    return list(order.split(size))
+    order = rows[torch.argsort(key, stable=True)].tolist()
+    out, current, longest = [], [], 0
+    for r in order:
+        L = int(lengths[r])
+        if current and (len(current) == size or (max_tokens and (len(current) + 1) * max(longest, L) > max_tokens)):
+            out.append(torch.tensor(current))
+            current, longest = [], 0
+        current.append(r)
+        longest = max(longest, L)
+    if current:
+        out.append(torch.tensor(current))
+    return out
 
 
 def needs_pass(method, cfg) -> bool:
@@ -100,7 +112,7 @@ def policy_pass(model, rb, cfg, pad_id: int, entropy: bool = False, K: int = 0) 
 def _each_chunk(model, rb, cfg, pad_id: int, fn) -> None:
     """fn(logp (n, V), (rows, cols) of those n positions in the (B, T) batch, their token ids (n,))."""
     comp, tc = rb.comp, cfg.train
-    for rows in micro_batches(torch.arange(comp.tokens.shape[0]), comp.lengths.cpu(), tc.micro_batch_size, rb.group_size):
+    for rows in micro_batches(torch.arange(comp.tokens.shape[0]), comp.lengths.cpu(), tc.micro_batch_size, rb.group_size, tc.micro_batch_tokens):
         T = int(comp.lengths[rows].max())
         tokens, mask = comp.tokens[rows, :T], comp.mask[rows, :T]
         r, c = mask.nonzero(as_tuple=True)  # row-major, the order visit_distributions uses

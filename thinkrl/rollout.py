@@ -22,6 +22,7 @@ class Sampling:
     temperature: float = 1.0  # 0 = greedy
     top_p: float = 1.0
     top_k: int = 0
+    min_new_tokens: int = 0  # EOS is suppressed before this many tokens (fixed-length benchmarks)
 
 
 @dataclass
@@ -142,6 +143,8 @@ def generate(
     entropy = torch.zeros((B, T), device=device) if record_entropy else None
     rows = torch.arange(B, device=device)  # which original rows are still in the decode batch
     for t in range(T):
+        if t < sampling.min_new_tokens:  # benchmarks: every row runs to its full length
+            logits = logits.index_fill(-1, eos, float("-inf"))
         tok, lp, dist = _sample(logits, sampling, generator)  # (b,), (b,), (b, V)
         tokens[rows, t] = tok
         behav[rows, t] = lp

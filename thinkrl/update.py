@@ -75,7 +75,8 @@ def update(model, method, optimizer, scheduler, accelerator, rb: RolloutBatch, c
         for mini in order.chunk(tc.mini_batches):
             num_tokens, num_seqs = int(mask_cpu[mini].sum()), len(mini)
             loss_sum, mini_sums, mini_tokens = 0.0, {}, 0  # this mini-batch's; kept only if it is applied
-            for rows in proximal.micro_batches(mini, lengths, micro_size, rb.group_size):
+            tokens_cap = 0 if method.batch_statistics else tc.micro_batch_tokens
+            for rows in proximal.micro_batches(mini, lengths, micro_size, rb.group_size, tokens_cap):
                 n = int(mask_cpu[rows].sum())
                 if n == 0:
                     continue  # every token masked (e.g. mask_truncated): nothing to learn from these rows
