@@ -86,6 +86,16 @@ def reduce(per_token: Tensor, batch, cfg) -> Tensor:
     return aggregate(per_token, batch.mask, cfg.aggregation, batch.num_tokens, batch.num_seqs, getattr(cfg, "norm_length", 0) or None)
 
 
+def check_common(cfg) -> None:
+    """Checks every method Config shares: clip widths and the constant L of seq-mean-token-sum-norm >= 0."""
+    for name in ("clip_low", "clip_high"):
+        value = getattr(cfg, name, None)
+        if value is not None and value < 0:
+            raise ValueError(f"{name} must be >= 0, got {value}")
+    if getattr(cfg, "norm_length", 0) < 0:
+        raise ValueError(f"norm_length must be >= 0 (0 = rollout.max_new_tokens), got {cfg.norm_length}")
+
+
 def masked_mean(x: Tensor, mask: Tensor) -> Tensor:
     """Mean of x over mask == 1 positions of this (micro-)batch, detached; 0 when empty."""
     x = torch.where(mask, x.detach().float(), 0.0)

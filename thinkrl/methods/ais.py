@@ -52,6 +52,7 @@ from torch import Tensor
 from thinkrl.methods import Method, register
 from thinkrl.methods._common import (
     Aggregation,
+    check_common,
     clipped_surrogate,
     dual_clip,
     log_ratio,
@@ -102,8 +103,7 @@ class Config:
             raise ValueError("clip_low and clip_high must be >= 0")
         if self.dual_clip and self.dual_clip <= 1:
             raise ValueError(f"dual_clip must be > 1 (or 0 = off), got {self.dual_clip}")
-        if self.norm_length < 0:
-            raise ValueError(f"norm_length must be >= 0 (0 = rollout.max_new_tokens), got {self.norm_length}")
+        check_common(self)
 
 
 def _pop_var(x: Tensor) -> Tensor:

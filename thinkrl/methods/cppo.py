@@ -38,6 +38,7 @@ from torch import Tensor
 from thinkrl.methods import Method, register
 from thinkrl.methods._common import (
     Aggregation,
+    check_common,
     exclusive_cumsum,
     log_ratio,
     masked_mean,
@@ -70,8 +71,7 @@ class Config:
             raise ValueError(f"w_min must be in (0, 1], got {self.w_min}")
         if self.b_min < 0:
             raise ValueError(f"b_min must be >= 0, got {self.b_min}")
-        if self.norm_length < 0:
-            raise ValueError(f"norm_length must be >= 0 (0 = rollout.max_new_tokens), got {self.norm_length}")
+        check_common(self)
 
 
 def thresholds(dist: Tensor, mask: Tensor, cfg: Config) -> tuple[Tensor, Tensor]:

@@ -43,7 +43,7 @@ import torch
 from torch import Tensor
 
 from thinkrl.methods import Method, register
-from thinkrl.methods._common import Aggregation, dual_clip, log_ratio, masked_mean, reduce, valid_positions, with_norm_length
+from thinkrl.methods._common import Aggregation, check_common, dual_clip, log_ratio, masked_mean, reduce, valid_positions, with_norm_length
 
 LOG_CUM_MAX = 10.0  # cap on log R_t (the reference code's), so exp cannot overflow on long sequences
 DEFAULT_P = {"cumprod": 0.5, "geomean": -0.5}  # spread of a sum grows like sqrt(n), of a mean falls like 1/sqrt(n)
@@ -86,8 +86,7 @@ class Config:
             raise ValueError(f"ratio_clip must be in (0, 1), got {self.ratio_clip}")
         if self.ratio_dual_clip and self.ratio_dual_clip <= 1:
             raise ValueError(f"ratio_dual_clip must be > 1 (or 0 = off), got {self.ratio_dual_clip}")
-        if self.norm_length < 0:
-            raise ValueError(f"norm_length must be >= 0 (0 = rollout.max_new_tokens), got {self.norm_length}")
+        check_common(self)
 
 
 def cumulative_log_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor, variant: str) -> tuple[Tensor, Tensor]:

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import torch
 
 from thinkrl.methods import Method, register
-from thinkrl.methods._common import Aggregation, clipped_surrogate, log_ratio, masked_mean, reduce, with_norm_length
+from thinkrl.methods._common import Aggregation, check_common, clipped_surrogate, log_ratio, masked_mean, reduce, with_norm_length
 
 
 @dataclass
@@ -48,12 +48,7 @@ class Config:
     """Constant L for seq-mean-token-sum-norm; 0 = rollout.max_new_tokens."""
 
     def __post_init__(self) -> None:
-        if self.clip_low < 0:
-            raise ValueError(f"clip_low must be >= 0, got {self.clip_low}")
-        if self.clip_high < 0:
-            raise ValueError(f"clip_high must be >= 0, got {self.clip_high}")
-        if self.norm_length < 0:
-            raise ValueError(f"norm_length must be >= 0 (0 = rollout.max_new_tokens), got {self.norm_length}")
+        check_common(self)
 
 
 @register("dapo")

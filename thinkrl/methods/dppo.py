@@ -38,7 +38,7 @@ from typing import Literal
 import torch
 
 from thinkrl.methods import Method, register
-from thinkrl.methods._common import Aggregation, log_ratio, masked_mean, reduce, with_norm_length
+from thinkrl.methods._common import Aggregation, check_common, log_ratio, masked_mean, reduce, with_norm_length
 
 DEFAULT_DELTA = {"tv": 0.15, "kl": 0.05}  # verl run_qwen30b_dppo.sh, both sides
 
@@ -73,8 +73,7 @@ class Config:
                 raise ValueError(f"{name} must be in (0, 1] with divergence=tv (1 = never mask), got {value}")
         if self.ratio_cap <= 0:
             raise ValueError(f"ratio_cap must be > 0, got {self.ratio_cap}")
-        if self.norm_length < 0:
-            raise ValueError(f"norm_length must be >= 0 (0 = rollout.max_new_tokens), got {self.norm_length}")
+        check_common(self)
 
 
 @register("dppo")

@@ -29,7 +29,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from thinkrl.methods import grpo, register
-from thinkrl.methods._common import Aggregation, with_norm_length
+from thinkrl.methods._common import Aggregation, check_common, with_norm_length
 
 
 @dataclass
@@ -39,8 +39,7 @@ class Config(grpo.Config):
 
     def __post_init__(self) -> None:
         super().__post_init__()  # grpo's clip and dual_clip checks
-        if self.norm_length < 0:
-            raise ValueError(f"norm_length must be >= 0 (0 = rollout.max_new_tokens), got {self.norm_length}")
+        check_common(self)
 
 
 @register("dr_grpo")

@@ -40,7 +40,7 @@ from typing import Literal
 import torch
 
 from thinkrl.methods import Method, register
-from thinkrl.methods._common import Aggregation, log_ratio, masked_mean, reduce, with_norm_length
+from thinkrl.methods._common import Aggregation, check_common, log_ratio, masked_mean, reduce, with_norm_length
 
 
 @dataclass
@@ -57,8 +57,7 @@ class Config:
     def __post_init__(self) -> None:
         if not self.delta > 0:  # also rejects nan
             raise ValueError(f"delta must be > 0 (inf = no penalty), got {self.delta}")
-        if self.norm_length < 0:
-            raise ValueError(f"norm_length must be >= 0 (0 = rollout.max_new_tokens), got {self.norm_length}")
+        check_common(self)
 
 
 @register("drpo")

@@ -31,7 +31,16 @@ from dataclasses import dataclass
 import torch
 
 from thinkrl.methods import Method, register
-from thinkrl.methods._common import Aggregation, clipped_surrogate, log_ratio, masked_mean, masked_quantile, reduce, with_norm_length
+from thinkrl.methods._common import (
+    Aggregation,
+    check_common,
+    clipped_surrogate,
+    log_ratio,
+    masked_mean,
+    masked_quantile,
+    reduce,
+    with_norm_length,
+)
 
 
 @dataclass
@@ -52,8 +61,7 @@ class Config:
             raise ValueError(f"rho must be in (0, 1] (1 = every token, i.e. DAPO), got {self.rho}")
         if self.clip_low < 0 or self.clip_high < 0:
             raise ValueError("clip_low and clip_high must be >= 0")
-        if self.norm_length < 0:
-            raise ValueError(f"norm_length must be >= 0 (0 = rollout.max_new_tokens), got {self.norm_length}")
+        check_common(self)
 
 
 @register("entropy_fork")

@@ -47,7 +47,7 @@ import torch
 from torch import Tensor
 
 from thinkrl.methods import Method, register
-from thinkrl.methods._common import Aggregation, clipped_surrogate, log_ratio, masked_mean, reduce, with_norm_length
+from thinkrl.methods._common import Aggregation, check_common, clipped_surrogate, log_ratio, masked_mean, reduce, with_norm_length
 
 
 def _top_units(scores: Tensor, frac: float) -> Tensor:
@@ -105,8 +105,7 @@ class Config:
             raise ValueError(f"reference must be batch or response, got {self.reference!r}")
         if self.clip_low < 0 or self.clip_high < 0:
             raise ValueError(f"clip_low and clip_high must be >= 0, got {self.clip_low} and {self.clip_high}")
-        if self.norm_length < 0:
-            raise ValueError(f"norm_length must be >= 0 (0 = rollout.max_new_tokens), got {self.norm_length}")
+        check_common(self)
 
 
 @register("ict")

@@ -50,7 +50,7 @@ import torch
 from torch import Tensor
 
 from thinkrl.methods import Method, register
-from thinkrl.methods._common import Aggregation, clipped_surrogate, log_ratio, masked_mean, reduce, with_norm_length
+from thinkrl.methods._common import Aggregation, check_common, clipped_surrogate, log_ratio, masked_mean, reduce, with_norm_length
 
 # host -> (clip_low, clip_high, aggregation): grpo.py, dapo.py and gspo.py defaults
 HOSTS = {
@@ -90,8 +90,7 @@ class Config:
             raise ValueError(f"clip_low must be in [0, 1] (the lower bound 1 - clip_low stays >= 0), got {self.clip_low}")
         if self.clip_high < 0:
             raise ValueError(f"clip_high must be >= 0, got {self.clip_high}")
-        if self.norm_length < 0:
-            raise ValueError(f"norm_length must be >= 0 (0 = rollout.max_new_tokens), got {self.norm_length}")
+        check_common(self)
 
 
 class RejectionTest(NamedTuple):

@@ -53,7 +53,16 @@ import torch
 from torch import Tensor
 
 from thinkrl.methods import Method, register
-from thinkrl.methods._common import Aggregation, clipped_surrogate, dual_clip, log_ratio, masked_mean, reduce, with_norm_length
+from thinkrl.methods._common import (
+    Aggregation,
+    check_common,
+    clipped_surrogate,
+    dual_clip,
+    log_ratio,
+    masked_mean,
+    reduce,
+    with_norm_length,
+)
 
 
 @dataclass
@@ -106,8 +115,7 @@ class Config:
             raise ValueError("clip_low and clip_high must be >= 0")
         if self.dual_clip and self.dual_clip <= 1:
             raise ValueError(f"dual_clip must be > 1 (or 0 = off), got {self.dual_clip}")
-        if self.norm_length < 0:
-            raise ValueError(f"norm_length must be >= 0 (0 = rollout.max_new_tokens), got {self.norm_length}")
+        check_common(self)
 
 
 def top_surprisal(surprisal: Tensor, candidates: Tensor, top_ratio: float) -> Tensor:

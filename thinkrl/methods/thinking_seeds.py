@@ -32,7 +32,7 @@ from typing import Literal
 import torch
 
 from thinkrl.methods import Method, register
-from thinkrl.methods._common import Aggregation, clipped_surrogate, log_ratio, masked_mean, reduce, with_norm_length
+from thinkrl.methods._common import Aggregation, check_common, clipped_surrogate, log_ratio, masked_mean, reduce, with_norm_length
 
 HOSTS = {"grpo": (0.2, 0.2), "dapo": (0.2, 0.28)}
 
@@ -62,8 +62,7 @@ class Config:
             raise ValueError(f"clip_low must be in [0, 1] and clip_high >= 0, got {self.clip_low} and {self.clip_high}")
         if self.prefix_cap < 0 or 0 < self.prefix_cap <= 1:
             raise ValueError(f"prefix_cap must be > 1 (or 0 = off), got {self.prefix_cap}")
-        if self.norm_length < 0:
-            raise ValueError(f"norm_length must be >= 0 (0 = rollout.max_new_tokens), got {self.norm_length}")
+        check_common(self)
 
 
 @register("thinking_seeds")
