@@ -94,11 +94,11 @@ def collect(step: int, prompts: list[Prompt], cfg, sampler, tok, pool, generator
     scores = torch.cat([k[3] for k in kept])  # (P * G,)
     rewards = scores + overlong_penalty(comp.lengths.cpu(), rc.max_new_tokens, cfg.reward.overlong_buffer, cfg.reward.overlong_penalty)
     if seed_pool is not None:
-        stats.update(_seed_stats(comp, scores, seed_pool, step))
+        stats.update(_seed_stats(comp, scores, seed_pool))
     return StepSamples([k[0] for k in kept], comp, [t for k in kept for t in k[2]], scores, rewards, stats)
 
 
-def _seed_stats(comp: Completions, scores: Tensor, seed_pool, step: int) -> dict[str, float]:
+def _seed_stats(comp: Completions, scores: Tensor, seed_pool) -> dict[str, float]:
     """Thinking Seeds bookkeeping for metrics.jsonl: pool size, how much was seeded, rewards of each kind."""
     out = {"seeds/pool_size": float(len(seed_pool.entries)), "seeds/seeded_frac": 0.0, "seeds/prefix_len_mean": 0.0}
     if comp.prefix_len is None:
