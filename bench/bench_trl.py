@@ -29,6 +29,16 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import roofline  # noqa: E402  (bench/roofline.py)
+
+NOTES = """Notes. Each run is a fresh subprocess (its own peak RSS); the driver alternates thinkrl and TRL, and every run
+does its warm-up steps before the timed ones. TRL runs `GRPOTrainer` without vLLM with
+`per_device_train_batch_size` = prompts x group, `num_generations` = group and `min_new_tokens` = max_new_tokens
+(fixed length); its default gradient checkpointing is left as TRL ships it. thinkrl grades in worker
+processes: one worker's own peak (VmHWM after grading 200 answers) is in its own column, and the default pool
+has two. TRL grades in-process. On a shared 2-core virtual machine step times drift by 10-20% between
+minutes, which is why runs alternate and the ratio is taken over medians of the same bench run."""
 
 
 def settings(a) -> dict:
@@ -154,27 +164,6 @@ def run_trl(a) -> dict:
 # ---------------------------------------------------------------- driver
 
 
-def cpu_peak_gflops() -> float:
-    """Measured fp32 matmul throughput of this machine (the roofline's ceiling on CPU)."""
-    import torch
-
-    x = torch.randn(2048, 2048)
-    torch.mm(x, x)
-    best = float("inf")
-    for _ in range(5):
-        t = time.perf_counter()
-        torch.mm(x, x)
-        best = min(best, time.perf_counter() - t)
-    return 2 * 2048**3 / best / 1e9
-
-
-def step_gflop(a, params: int, prompt_len: int = 40) -> float:
-    """Model FLOPs of one step: decode 2N per generated token (+ prefill), training 4N per completion token
-    (forward 2N, backward through activations 2N; frozen weights get no weight gradient under LoRA)."""
-    gen_tokens = a.prompts * a.group * a.max_new_tokens
-    return (2 * params * (gen_tokens + a.prompts * prompt_len) + 4 * params * gen_tokens) / 1e9
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="smollm2-135m")
@@ -251,6 +240,18 @@ def summarise(runs: list[dict]) -> dict | None:
             "n": sum(len(r["step_s"]) for r in ok)}
 
 
+def prompt_tokens(a) -> int:
+    """Mean token length of the bench's chat-formatted prompts."""
+    from thinkrl.config import ArithConfig, PromptConfig
+    from thinkrl.data import arith_problems
+    from thinkrl.models import load_tokenizer, resolve_path
+
+    tok = load_tokenizer(resolve_path(a.model))
+    texts = [[{"role": "user", "content": PromptConfig().instruction.replace("{problem}", p.problem)}] for p in arith_problems(ArithConfig(), "train")[:50]]
+    lengths = [len(tok.apply_chat_template(t, add_generation_prompt=True, tokenize=True)["input_ids"]) for t in texts]
+    return round(statistics.mean(lengths))
+
+
 def report(a, runs: dict[str, list[dict]]) -> None:
     import torch
 
@@ -280,15 +281,13 @@ def report(a, runs: dict[str, list[dict]]) -> None:
         ours, theirs = stats["thinkrl"], stats["trl"]
         lines += ["", f"thinkrl step time / TRL step time: **{ours['step_s'] / theirs['step_s']:.2f}x**; "
                       f"peak memory ratio {ours['peak_mb'] / theirs['peak_mb']:.2f}x."]
-    if not torch.cuda.is_available() and stats.get("thinkrl"):
-        peak = cpu_peak_gflops()
-        work = step_gflop(a, params)
-        lines += ["", f"Roofline (CPU): one step is about {work:.0f} GFLOP of model arithmetic (decode 2N per token plus prefill, "
-                      f"training 4N per token, N = {params / 1e6:.0f}M); this machine's measured fp32 matmul peak is {peak:.0f} GFLOP/s, "
-                      f"so a step cannot take less than {work / peak:.2f} s. thinkrl reaches "
-                      f"{work / stats['thinkrl']['step_s'] / peak:.0%} of that ceiling"
-                      + (f", TRL {work / stats['trl']['step_s'] / peak:.0%}." if stats.get("trl") else ".")
-                      + " Decoding small batches is bound by memory traffic and per-token overhead, not FLOPs, so the ceiling is loose."]
+    if stats.get("thinkrl"):
+        dtype = torch.bfloat16 if torch.cuda.is_available() else torch.float32
+        gflops, gbs = roofline.peak_gflops(dtype), roofline.bandwidth_gbs()
+        weight_bytes = params * torch.finfo(dtype).bits // 8
+        floor = roofline.step_floor(a.prompts, a.group, a.max_new_tokens, prompt_tokens(a), params, weight_bytes, gflops, gbs)
+        lines += ["", roofline.describe(floor, gflops, gbs, {t: s["step_s"] for t, s in stats.items() if s})]
+    lines += ["", NOTES]
     text = "\n".join(lines) + "\n"
     Path(a.out).write_text(text)
     print(text)

@@ -70,12 +70,13 @@ def test_chunked_logprobs_and_entropy_match_full_logits(tiny, monkeypatch, chunk
     model.zero_grad()
 
 
-def test_behaviour_logprobs_match_a_training_forward(tiny):
+@pytest.mark.parametrize("prompt_set", [PROMPTS, [PROMPTS[0], PROMPTS[0][::-1]]])  # left-padded, and one length (no mask)
+def test_behaviour_logprobs_match_a_training_forward(tiny, prompt_set):
     model, _ = tiny
     g = torch.Generator().manual_seed(0)
-    comp = generate(model, PROMPTS, 3, Sampling(8, temperature=0.9), eos_ids=[1], pad_id=0, generator=g)
+    comp = generate(model, prompt_set, 3, Sampling(8, temperature=0.9), eos_ids=[1], pad_id=0, generator=g)
     assert comp.tokens.shape[0] == 6 and comp.mask.sum(-1).tolist() == comp.lengths.tolist()
-    prompts = [p for p in PROMPTS for _ in range(3)]
+    prompts = [p for p in prompt_set for _ in range(3)]
     with torch.no_grad():
         logp, _ = token_logprobs(model, prompts, comp.tokens, comp.mask, 0, temperature=0.9)
     assert torch.allclose(logp[comp.mask], comp.behav_logp[comp.mask], atol=1e-4)

@@ -123,9 +123,12 @@ def generate(
     device = next(model.parameters()).device
     P = len(prompts)
     ids, attn, pos = left_pad(prompts, pad_id, device)  # (P, L): every row's next position is at the end
+    # prompts of one length need no mask: without one transformers builds no 4-D mask per decode step (~8%
+    # of a step for SmolLM2 on CPU)
+    padded = not bool(attn.all())
     cache = DynamicCache()  # filled in place by every forward below
     kv = {cache_kwarg(model): cache, "use_cache": True}
-    out = model(input_ids=ids, attention_mask=attn, position_ids=pos, logits_to_keep=1, **kv)
+    out = model(input_ids=ids, attention_mask=attn if padded else None, position_ids=pos, logits_to_keep=1, **kv)
     if group_size > 1:
         cache.batch_repeat_interleave(group_size)
     logits = out.logits[:, -1].repeat_interleave(group_size, 0)  # (B, V)
@@ -162,8 +165,9 @@ def generate(
             keep = (~done).nonzero().squeeze(-1)
             cache.batch_select_indices(keep)
             rows, tok, attn, next_pos = rows[keep], tok[keep], attn[keep], next_pos[keep]
-        attn = torch.cat([attn, attn.new_ones((attn.shape[0], 1))], dim=-1)
-        out = model(input_ids=tok[:, None], attention_mask=attn, position_ids=next_pos[:, None], **kv)
+        if padded:
+            attn = torch.cat([attn, attn.new_ones((attn.shape[0], 1))], dim=-1)
+        out = model(input_ids=tok[:, None], attention_mask=attn if padded else None, position_ids=next_pos[:, None], **kv)
         logits = out.logits[:, -1]
         next_pos = next_pos + 1
     T_used = int(lengths.max())
