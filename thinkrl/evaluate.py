@@ -122,7 +122,7 @@ def load_for_eval(model_arg: str, adapter: str | None, device: torch.device):
         if not Path(adapter, "adapter_config.json").is_file():
             raise UserError(f"--adapter {adapter}: no adapter_config.json there (expected a peft adapter directory)")
         model = PeftModel.from_pretrained(model, adapter).merge_and_unload()
-    return model.to(device).eval(), tok, run_cfg
+    return model.to(device).eval().requires_grad_(False), tok, run_cfg  # frozen: generate may take the lean path
 
 
 def versions() -> dict[str, str]:

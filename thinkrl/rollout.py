@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from thinkrl.batch import cache_kwarg, left_pad
+from thinkrl.fastdecode import LeanDecoder
 
 
 @dataclass
@@ -114,10 +115,12 @@ def generate(
     generator: torch.Generator | None = None,
     record_topk: int = 0,
     record_entropy: bool = False,
+    lean: bool = True,
 ) -> Completions:
     """Completions for each prompt, `group_size` consecutive rows per prompt; optionally the top-K ids and
     log-probs and the entropy of the distribution each token was drawn from (methods that use the sampler
-    as their proposal or old policy)."""
+    as their proposal or old policy). lean: decode with thinkrl/fastdecode.py when the model supports it
+    (the same arithmetic as its transformers forward, less overhead)."""
     from transformers import DynamicCache
 
     device = next(model.parameters()).device
@@ -134,6 +137,9 @@ def generate(
     logits = out.logits[:, -1].repeat_interleave(group_size, 0)  # (B, V)
     attn = attn.repeat_interleave(group_size, 0)  # (B, L)
     next_pos = pos[:, -1].repeat_interleave(group_size, 0) + 1  # (B,)
+    fast = LeanDecoder.for_model(model) if lean and LeanDecoder.supports(model) else None
+    if fast is not None:
+        fast.start(cache, attn if padded else None, sampling.max_new_tokens)
 
     B, T = P * group_size, sampling.max_new_tokens
     tokens = torch.full((B, T), pad_id, dtype=torch.long, device=device)
@@ -163,12 +169,14 @@ def generate(
             break
         if bool(done.any()):  # drop finished rows so later steps only decode live ones
             keep = (~done).nonzero().squeeze(-1)
-            cache.batch_select_indices(keep)
+            fast.select(keep) if fast is not None else cache.batch_select_indices(keep)
             rows, tok, attn, next_pos = rows[keep], tok[keep], attn[keep], next_pos[keep]
-        if padded:
-            attn = torch.cat([attn, attn.new_ones((attn.shape[0], 1))], dim=-1)
-        out = model(input_ids=tok[:, None], attention_mask=attn if padded else None, position_ids=next_pos[:, None], **kv)
-        logits = out.logits[:, -1]
+        if fast is not None:
+            logits = fast.step(tok, next_pos)
+        else:
+            if padded:
+                attn = torch.cat([attn, attn.new_ones((attn.shape[0], 1))], dim=-1)
+            logits = model(input_ids=tok[:, None], attention_mask=attn if padded else None, position_ids=next_pos[:, None], **kv).logits[:, -1]
         next_pos = next_pos + 1
     T_used = int(lengths.max())
     mask = torch.arange(T, device=device)[None, :] < lengths[:, None]
