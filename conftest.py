@@ -1,9 +1,11 @@
+"""Fixtures shared by tests/ and examples/ (the tiny random model)."""
+
 import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))  # tests/tiny.py, tests/helpers.py
+sys.path.insert(0, str(Path(__file__).parent / "tests"))  # tests/tiny.py, tests/helpers.py
 
 
 @pytest.fixture(scope="session")

@@ -20,8 +20,8 @@ import torch
 from safetensors.torch import load_file
 from test_cli_e2e import invoke, tiny_args
 
+import thinkrl.batch as batch_mod
 import thinkrl.train as train_mod
-import thinkrl.update as update_mod
 from thinkrl import checkpoint, cli, faults
 from thinkrl.logs import JsonlLog, read_jsonl
 
@@ -68,11 +68,11 @@ def inject_nan(monkeypatch, bad_steps: set[int], first_call_only: bool = False) 
     would: loss and gradient are then NaN. first_call_only: only the step's first micro-batch (so only its
     first mini-batch). The step comes from the loop's seed_step(seed, step + 1)."""
     now = {"step": 0, "calls": 0}
-    real_seed_step, real_logprobs = train_mod.seed_step, update_mod.token_logprobs
+    real_seed_step, real_logprobs = train_mod.seed_step, batch_mod.token_logprobs
 
-    def seed_step(seed, step, device):
+    def seed_step(seed, step, device, rank=0):
         now.update(step=step, calls=0)
-        return real_seed_step(seed, step, device)
+        return real_seed_step(seed, step, device, rank)
 
     def token_logprobs(*args, **kwargs):
         now["calls"] += 1
@@ -81,7 +81,7 @@ def inject_nan(monkeypatch, bad_steps: set[int], first_call_only: bool = False) 
         return (out[0] * float("nan"), *out[1:]) if bad else out
 
     monkeypatch.setattr(train_mod, "seed_step", seed_step)
-    monkeypatch.setattr(update_mod, "token_logprobs", token_logprobs)
+    monkeypatch.setattr(batch_mod, "token_logprobs", token_logprobs)  # what the training forward calls
 
 
 # --- 1. non-finite loss or gradient

@@ -270,3 +270,19 @@ def visit_distributions(model, prompts: list[list[int]], completions: Tensor, ma
     rows = max(1, CHUNK_ELEMS // head.weight.shape[0])
     for s in range(0, h.shape[0], rows):
         visit(torch.log_softmax(_logits(head, config, h[s : s + rows], temperature), -1), s)
+
+
+class PolicyLogProbs(torch.nn.Module):
+    """The policy as one module whose forward is token_logprobs: what Accelerate wraps in DDP/FSDP/DeepSpeed.
+
+    token_logprobs runs the decoder body and the output head as separate calls (shared prompt cache, head
+    on generated positions only). A wrapper such as DDP prepares its gradient all-reduce in its own
+    forward, so those calls must happen inside it; wrapping this module does that. `.policy` is the
+    transformers / peft model itself (sampling, checkpoints, export)."""
+
+    def __init__(self, policy) -> None:
+        super().__init__()
+        self.policy = policy
+
+    def forward(self, prompts, completions, mask, pad_id: int, temperature: float, entropy: bool = False, topk_ids=None):
+        return token_logprobs(self.policy, prompts, completions, mask, pad_id, temperature, entropy, topk_ids)

@@ -1,4 +1,5 @@
-"""Command line: thinkrl train | eval | methods. Parses, calls, prints; no logic lives here."""
+"""Command line: thinkrl train | eval | methods | plot | compare | show | export. Parses, calls, prints; no
+logic lives here."""
 
 from __future__ import annotations
 
@@ -132,6 +133,87 @@ def methods(
     width = max(len(n) for n in names)
     for n in names:
         print(f"{n:<{width}}  {method_class(n).summary()}")
+
+
+@app.command()
+def plot(
+    runs: list[Path] = typer.Argument(..., help="Run directories (one line per run, labelled by method)."),
+    out: Path = typer.Option(Path("runs.png"), "--out", help="Image file (.png, .pdf or .svg)."),
+    smooth: int = typer.Option(1, "--smooth", help="Moving average over N steps (1 = raw)."),
+    title: str | None = typer.Option(None, "--title"),
+) -> None:
+    """Plot reward, entropy, completion length, clip/mask fractions and eval accuracy against step."""
+    from thinkrl.plot import plot_runs
+    from thinkrl.runs import load_runs
+
+    if smooth < 1:
+        raise UserError("--smooth must be >= 1 (1 = no smoothing)")
+    print(plot_runs(load_runs(runs), out, smooth, title))
+
+
+@app.command()
+def compare(
+    runs: list[Path] = typer.Argument(..., help="Run directories."),
+    tail: int = typer.Option(10, "--tail", help="'final' = mean over the last N logged steps."),
+) -> None:
+    """A table of final and best values per run: reward, entropy, length, clip/mask fractions, eval accuracy."""
+    from rich.table import Table
+
+    from thinkrl.logs import console
+    from thinkrl.runs import compare_rows, load_runs
+
+    if tail < 1:
+        raise UserError("--tail must be >= 1")
+    header, rows = compare_rows(load_runs(runs), tail)
+    table = Table(title=f"thinkrl compare (final = mean of the last {tail} steps)")
+    for col in header:
+        table.add_column(col, justify="left" if col == "run" else "right")
+    for row in rows:
+        table.add_row(*row)
+    console.print(table)
+
+
+@app.command()
+def show(
+    run_dir: Path = typer.Argument(..., help="A run directory."),
+    step: int | None = typer.Option(None, "--step", help="Which logged step (default: the last)."),
+    groups: int = typer.Option(2, "--groups", help="How many prompt groups to print (0 = all)."),
+    max_chars: int = typer.Option(600, "--max-chars", help="Cut each completion to this many characters (0 = whole)."),
+) -> None:
+    """Print a step's completions with their rewards and advantages, grouped by prompt."""
+    from rich.markup import escape
+
+    from thinkrl.logs import console
+    from thinkrl.runs import rollout_groups
+
+    step, found = rollout_groups(run_dir, step)
+    console.print(f"[bold]{run_dir}[/] step {step}: {len(found)} groups")
+    for group in found[: groups or None]:
+        first = group[0]
+        console.rule(f"prompt {first['prompt_id']}  (answer: {escape(str(first['answer']))})")
+        console.print(escape(first["prompt"]))
+        for i, r in enumerate(group):
+            text = r["completion"] if not max_chars or len(r["completion"]) <= max_chars else r["completion"][:max_chars] + " [...]"
+            color = "green" if r["score"] > 0 else "red"
+            extra = f", prefix {r['prefix_len']} tokens from step {r['seed_step']}" if r.get("prefix_len") else ""
+            console.print(f"\n[{color}]#{i} reward {r['reward']:+.2f}  advantage {r['advantage']:+.2f}  {r['length']} tokens"
+                          f"{' (truncated)' if r['truncated'] else ''}{extra}[/]")
+            console.print(escape(text))
+
+
+@app.command()
+def export(
+    source: Path = typer.Argument(..., help="RUN_DIR (its newest checkpoint) or RUN_DIR/checkpoints/step-N."),
+    out: Path = typer.Option(..., "--out", help="New directory to write."),
+    merge: bool = typer.Option(False, "--merge", help="Fold the LoRA adapter into the base weights: a plain transformers model."),
+    dtype: str = typer.Option("float32", "--dtype", help="float32 | bfloat16 | float16 (weights of a merged model)."),
+) -> None:
+    """Export a checkpoint: a peft adapter, or with --merge a model AutoModelForCausalLM (and vLLM) load."""
+    from thinkrl.export import export as run_export
+
+    if dtype not in ("float32", "bfloat16", "float16"):
+        raise UserError(f"--dtype {dtype}: choose float32, bfloat16 or float16")
+    run_export(source, out, merge, dtype)
 
 
 def run() -> None:

@@ -5,6 +5,8 @@ whose scores are all equal carries no gradient, so it is dropped and fresh promp
 rounds until prompts_per_step groups are kept or rollout.max_sampling_rounds is reached (then the step
 trains on what it has). reward.overlong_buffer adds DAPO's soft overlong punishment to the reward used for
 advantages; the verifier score (accuracy) is kept separately for logging and for the dynamic-sampling test.
+With several processes each rank takes its contiguous share of every round's prompts and keeps
+prompts_per_step / world groups, so a group never spans ranks.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from thinkrl import distributed
 from thinkrl.data import Prompt, step_prompts
 from thinkrl.rollout import Completions, Sampling, generate
 from thinkrl.seeds import seeded_generate
@@ -51,12 +54,14 @@ def collect(step: int, prompts: list[Prompt], cfg, sampler, tok, pool, generator
     """The step's kept groups, sampled with `sampler` (its last refresh) and graded by `pool`; with a
     Thinking Seeds `seed_pool`, part of each group starts from historical prefixes (thinkrl/seeds.py)."""
     rc, G = cfg.rollout, cfg.rollout.group_size
+    rank, world = distributed.world()
+    target = rc.prompts_per_step // world  # groups this rank keeps
     sampling = Sampling(rc.max_new_tokens, rc.temperature, rc.top_p, rc.top_k, rc.min_new_tokens)
     kept: list[tuple[Prompt, Completions, list[str], Tensor]] = []
     distinct: list[int] = []  # distinct extracted answers per sampled group: a diversity measure
     stats = {"verifier/timeouts": 0, "verifier/crashes": 0, "sampling/rounds": 0, "sampling/dropped_groups": 0, "time/generate": 0.0, "time/score": 0.0}
     for rnd in range(rc.max_sampling_rounds if rc.dynamic_sampling else 1):
-        batch = _round_prompts(prompts, step, rnd, rc.prompts_per_step, cfg.train.seed)
+        batch = distributed.shard(_round_prompts(prompts, step, rnd, rc.prompts_per_step, cfg.train.seed), rank, world)
         t0 = time.perf_counter()
         if seed_pool is not None:
             comp = seeded_generate(sampler, seed_pool, step, [p.ids for p in batch], G, sampling, cfg.seeds, eos, pad, generator, tok)
@@ -80,9 +85,9 @@ def collect(step: int, prompts: list[Prompt], cfg, sampler, tok, pool, generator
                 continue
             rows = torch.arange(g * G, (g + 1) * G)
             kept.append((p, comp.select(rows.to(comp.tokens.device)), texts[g * G : (g + 1) * G], scores[g]))
-        if len(kept) >= rc.prompts_per_step:
+        if len(kept) >= target:
             break
-    kept = kept[: rc.prompts_per_step]
+    kept = kept[:target]
     stats["sampling/kept_groups"] = len(kept)
     stats["answers/distinct_per_group"] = sum(distinct) / max(len(distinct), 1)
     if not rc.dynamic_sampling:  # one round, nothing dropped: nothing to report

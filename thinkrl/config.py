@@ -252,6 +252,10 @@ class SeedsConfig:
 class LogConfig:
     rollouts_every: int = 1
     """Write the step's prompts, completions and rewards to rollouts.jsonl every N steps (0 = never)."""
+    trackers: list[str] = field(default_factory=list)
+    """Also log to these Accelerate trackers: tensorboard, wandb, mlflow, ... (metrics.jsonl is always written)."""
+    project: str = "thinkrl"
+    """Tracker project name (W&B/MLflow project; TensorBoard: RUN_DIR/trackers/<project>/)."""
 
 
 @dataclass
@@ -322,13 +326,13 @@ def _set(cfg: Config, dotted: str, value: Any) -> None:
             obj = getattr(obj, part)
 
 
-def _flatten(d: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
+def flatten(d: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
     """{'train': {'lr': 1}} -> [('train.lr', 1)]; the method section stays one level deep."""
     out = []
     for k, v in d.items():
         key = f"{prefix}{k}"
         if isinstance(v, dict) and key != "method.params" and not (prefix == "method." and k != "params"):
-            out += _flatten(v, key + ".")
+            out += flatten(v, key + ".")
         else:
             out.append((key, v))
     return out
@@ -359,7 +363,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] = (), **sho
             raise UserError(f"{path}: malformed YAML: {str(e).splitlines()[0]}") from None
         if not isinstance(data, dict):
             raise UserError(f"{path}: expected a mapping of config sections at the top level")
-        for key, value in _flatten(data):
+        for key, value in flatten(data):
             _set(cfg, key, value)
     for text in overrides:
         _set(cfg, *parse_override(text))

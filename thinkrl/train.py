@@ -26,8 +26,9 @@ from pathlib import Path
 
 import torch
 
-from thinkrl import checkpoint, faults
+from thinkrl import checkpoint, distributed, faults, records, trackers
 from thinkrl.advantages import compute_advantages
+from thinkrl.batch import PolicyLogProbs
 from thinkrl.collect import collect
 from thinkrl.config import Config, resolve, save_config
 from thinkrl.data import build_prompts, load_problems
@@ -41,12 +42,13 @@ from thinkrl.update import RolloutBatch, update
 from thinkrl.verifier import load_grader
 
 
-def seed_step(seed: int, step: int, device: torch.device) -> torch.Generator:
-    """Reseed every RNG from (seed, step): any step replays identically, so resume needs no RNG files."""
+def seed_step(seed: int, step: int, device: torch.device, rank: int = 0) -> torch.Generator:
+    """Reseed every RNG from (seed, step): any step replays identically, so resume needs no RNG files. The
+    sampling generator also mixes in the process rank, so ranks draw independent completions."""
     s = (seed * 1_000_003 + step) % 2**63
     random.seed(s)
     torch.manual_seed(s)
-    return torch.Generator(device=device).manual_seed(s)
+    return torch.Generator(device=device).manual_seed((s + 7_919 * rank) % 2**63)
 
 
 def lr_lambda(cfg, total: int):
@@ -83,51 +85,66 @@ def train(cfg: Config, resume: bool = False) -> Path:
 
     cfg = resolve(cfg)
     run_dir = Path(cfg.output_dir)
+    # several processes (torchrun / accelerate launch): Accelerate sets up the process group and wraps the
+    # model; thinkrl/distributed.py says which prompts are this rank's; only rank 0 writes
+    accelerator = Accelerator(cpu=not torch.cuda.is_available(), **trackers.accelerator_kwargs(cfg.log, run_dir))
+    rank, world = distributed.world()
+    main = rank == 0
+    console.quiet = not main
+    if cfg.rollout.prompts_per_step % world:
+        raise UserError(f"rollout.prompts_per_step={cfg.rollout.prompts_per_step} must be a multiple of the {world} processes "
+                        "(each takes whole groups); change it or the process count")
     ckpt = checkpoint.latest(run_dir) if resume else None
     if resume and ckpt is None:
         console.print(f"no complete checkpoint in {run_dir}: starting from step 0")
     if not resume and (run_dir / "metrics.jsonl").exists():
         raise UserError(f"{run_dir} already holds a run; continue it with --resume {run_dir} or pick a new --output-dir")
+    accelerator.wait_for_everyone()  # every rank has checked before rank 0 writes anything
     with faults.writes(run_dir, run_dir, started=False):  # an unwritable --output-dir fails here, before any work
         run_dir.mkdir(parents=True, exist_ok=True)
-        save_config(cfg, run_dir / "config.yaml")
+        if main:
+            save_config(cfg, run_dir / "config.yaml")
 
-    # --- setup: accelerator, model, method, data, optimizer
-    accelerator = Accelerator(cpu=not torch.cuda.is_available())
+    # --- setup: model, method, data, optimizer
     device = accelerator.device
     seed_step(cfg.train.seed, 0, device)  # LoRA init is part of the run's seed
-    model, tok = load_policy(cfg.model, device)
-    trainable, total = parameter_counts(model)
+    policy, tok = load_policy(cfg.model, device)
+    trainable, total = parameter_counts(policy)
     console.print(f"model: {cfg.model.name} on {device}, {trainable:,} of {total:,} parameters trainable")
     method = get_method(cfg.method.name, **cfg.method.params)
     estimator = method.advantage if cfg.advantage.estimator == "auto" else cfg.advantage.estimator
     prompts = prepare_data(cfg, tok, run_dir)
     tc, rc = cfg.train, cfg.rollout
     optimizer = torch.optim.AdamW(
-        [p for p in model.parameters() if p.requires_grad], lr=tc.lr, betas=tuple(tc.adam_betas), weight_decay=tc.weight_decay
+        [p for p in policy.parameters() if p.requires_grad], lr=tc.lr, betas=tuple(tc.adam_betas), weight_decay=tc.weight_decay
     )
     total_updates = tc.steps * tc.mini_batches * tc.epochs
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(tc, total_updates))
-    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
-    ref_model = _reference(cfg, model, device) if "ref_logp" in method.requires else None
+    # the training forward goes through `model` (DDP/FSDP see it); sampling and checkpoints use `policy`
+    model, optimizer, scheduler = accelerator.prepare(PolicyLogProbs(policy), optimizer, scheduler)
+    policy = accelerator.unwrap_model(model).policy
+    ref_model = _reference(cfg, policy, device) if "ref_logp" in method.requires else None
+    trackers.start(accelerator, cfg)
     start = 0
     metrics_log, rollouts_log = JsonlLog(run_dir / "metrics.jsonl"), JsonlLog(run_dir / "rollouts.jsonl")
-    sampler = PolicySampler(accelerator.unwrap_model(model), rc.precision, rc.staleness, copy_always=cfg.seeds.enabled)
+    sampler = PolicySampler(policy, rc.precision, rc.staleness, copy_always=cfg.seeds.enabled)
     seed_pool = _seed_pool(cfg, run_dir) if cfg.seeds.enabled else None
     if ckpt is not None:
-        start = checkpoint.load(ckpt, accelerator.unwrap_model(model), optimizer, scheduler, method, sampler, seed_pool)["step"]
+        start = checkpoint.load(ckpt, policy, optimizer, scheduler, method, sampler, seed_pool)["step"]
         _use_config_hyperparameters(optimizer, scheduler, tc, total_updates)
         console.print(f"resuming {run_dir} from {ckpt.name}")
-    metrics_log.truncate_after(start)
-    rollouts_log.truncate_after(start)
-    eos, pad = eos_ids(accelerator.unwrap_model(model), tok), tok.pad_token_id
-    records = _sampler_records(method, cfg)
+    if main:
+        metrics_log.truncate_after(start)
+        rollouts_log.truncate_after(start)
+    eos, pad = eos_ids(policy, tok), tok.pad_token_id
+    recorded = _sampler_records(method, cfg)
 
     def save(step: int) -> None:
         state = {"seed": tc.seed, "method": cfg.method.name}
+        if not main:
+            return
         try:
             with faults.writes(run_dir / "checkpoints" / f"step-{step}", run_dir):
-                policy = accelerator.unwrap_model(model)
                 checkpoint.save(run_dir, step, policy, tok, optimizer, scheduler, method, state, tc.keep_last, sampler, seed_pool)
         except UserError:
             with contextlib.suppress(OSError):  # the half-written temporary directory: give its space back now
@@ -144,20 +161,20 @@ def train(cfg: Config, resume: bool = False) -> Path:
             task = bar.add_task(cfg.method.name, total=tc.steps, completed=start, info="")
             for step in range(start, tc.steps):
                 t0 = time.perf_counter()
-                generator = seed_step(tc.seed, step + 1, device)
+                generator = seed_step(tc.seed, step + 1, device, rank)
 
                 # 1-2. rollout and score: G completions per prompt with behaviour log-probs, rewards (B,)
                 phase = "generation"
                 sampler.refresh()
                 if seed_pool is not None:  # Thinking Seeds: every seeds.every steps the policy joins the pool
                     seed_pool.maybe_add(step, sampler.snapshot())
-                samples = collect(step, prompts, cfg, sampler, tok, pool, generator, eos, pad, **records, seed_pool=seed_pool)
+                samples = collect(step, prompts, cfg, sampler, tok, pool, generator, eos, pad, **recorded, seed_pool=seed_pool)
                 t2 = time.perf_counter()
 
                 # 3. advantages (B,) and 4. update (skipped when dynamic sampling kept no group)
                 phase = "update"
                 upd, adv, astats = {}, torch.zeros(0), {}
-                if samples.prompts:
+                if distributed.all_sum([float(not samples.prompts)])[0] == 0:  # every rank kept a group
                     adv, astats = compute_advantages(samples.rewards, rc.group_size, estimator, cfg.advantage.eps)
                     comp = samples.comp
                     if rc.mask_truncated:  # DAPO's overlong filtering: truncated completions teach nothing
@@ -170,25 +187,31 @@ def train(cfg: Config, resume: bool = False) -> Path:
                 # 5. evaluate (eval.every), log, checkpoint
                 done = step + 1 == tc.steps
                 evals = {}
-                if cfg.eval.every and ((step + 1) % cfg.eval.every == 0 or done):
+                if main and cfg.eval.every and ((step + 1) % cfg.eval.every == 0 or done):
                     phase = "evaluation"
                     evals = eval_during_training(sampler.refresh(current=True), tok, cfg, run_dir, step + 1, pool)
                     evals["time/eval"] = time.perf_counter() - t3
-                record = _step_record(step + 1, samples, upd, astats, {"time/update": t3 - t2, "time/step": t3 - t0, **evals})
-                with faults.writes(metrics_log.path, run_dir):
-                    metrics_log.write(record)
+                record = records.step_record(step + 1, samples, upd, astats, {"time/update": t3 - t2, "time/step": t3 - t0, **evals})
+                if main:
+                    with faults.writes(metrics_log.path, run_dir):
+                        metrics_log.write(record)
+                    accelerator.log(trackers.loggable(record), step=step + 1)
                 if cfg.log.rollouts_every and (step + 1) % cfg.log.rollouts_every == 0:
-                    with faults.writes(rollouts_log.path, run_dir):
-                        rollouts_log.write(_rollout_records(step + 1, samples, adv, rc.group_size))
+                    lines = records.rollout_records(step + 1, samples, adv, rc.group_size)
+                    if main:
+                        with faults.writes(rollouts_log.path, run_dir):
+                            rollouts_log.write(lines)
                 bar.console.print(step_line(record, tc.steps), soft_wrap=True)
                 bar.update(task, advance=1, info=f"reward {record['reward/mean']:.3f}")
                 diverged = 0 < tc.max_nonfinite_steps <= nonfinite
-                if done or (tc.save_every and (step + 1) % tc.save_every == 0) or flag.stop or diverged:
+                stop = distributed.all_max(float(flag.stop)) > 0  # a signal seen by any rank stops them all
+                if done or (tc.save_every and (step + 1) % tc.save_every == 0) or stop or diverged:
                     save(step + 1)
+                    accelerator.wait_for_everyone()
                 if diverged:  # the checkpoint holds the last good weights: skipped updates changed nothing
                     dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
                     raise UserError(faults.nonfinite_message(cfg, step + 1, nonfinite, run_dir, dtype))
-                if flag.stop and not done:
+                if stop and not done:
                     # soft_wrap: never wrapped at the console width, so the command stays one copyable line in a log file
                     console.print(f"stopped after step {step + 1}; continue with: thinkrl train --resume {run_dir}", soft_wrap=True)
                     break
@@ -198,6 +221,7 @@ def train(cfg: Config, resume: bool = False) -> Path:
         raise UserError(faults.out_of_memory_message(cfg, step + 1, phase, run_dir)) from e
     finally:
         flag.restore()
+        accelerator.end_training()  # flush and close the trackers
     console.print(f"run directory: {run_dir}")
     return run_dir
 
@@ -246,55 +270,3 @@ def _adapters_off(model):
     base = model.module if hasattr(model, "module") else model
     with base.disable_adapter():
         yield base
-
-
-def _step_record(step: int, samples, upd: dict, astats: dict, times: dict) -> dict:
-    """The metrics.jsonl line of one step."""
-    s, comp = samples.stats, samples.comp
-    n_tok = int(comp.lengths.sum()) if comp is not None else 0
-    lengths = comp.lengths.float() if comp is not None else torch.zeros(1)
-    scores = samples.scores if len(samples.scores) else torch.zeros(1)
-    record = {
-        "step": step,
-        "reward/mean": scores.mean().item(),
-        "reward/std": scores.std().item() if len(scores) > 1 else 0.0,
-        "reward/shaped_mean": samples.rewards.mean().item() if len(samples.rewards) else 0.0,
-        "loss": 0.0,
-        "entropy": 0.0,
-        "grad_norm": 0.0,  # stay 0 when a step has nothing to train on
-        **upd,
-        "length/mean": lengths.mean().item(),
-        "length/max": int(lengths.max()),
-        "length/min": int(lengths.min()),
-        "length/truncated_frac": comp.truncated.float().mean().item() if comp is not None else 0.0,
-        "frac_reward_zero_std": 0.0,
-        **astats,
-        **s,
-        **times,
-    }
-    record["tokens/s"] = n_tok / max(times["time/step"], 1e-9)
-    record["generate/tokens_per_s"] = n_tok / max(s["time/generate"], 1e-9)
-    return record
-
-
-def _rollout_records(step: int, samples, adv, G: int) -> list[dict]:
-    return [
-        {
-            "step": step,
-            "prompt_id": samples.prompts[i // G].id,
-            "prompt": samples.prompts[i // G].problem,
-            "answer": samples.prompts[i // G].answer,
-            "completion": text,
-            "reward": samples.rewards[i].item(),
-            "score": samples.scores[i].item(),
-            "advantage": adv[i].item(),
-            "length": int(samples.comp.lengths[i]),
-            "truncated": bool(samples.comp.truncated[i]),
-            **(
-                {"prefix_len": int(samples.comp.prefix_len[i]), "seed_step": int(samples.comp.seed_step[i])}
-                if samples.comp.prefix_len is not None
-                else {}
-            ),
-        }
-        for i, text in enumerate(samples.texts)
-    ]

@@ -1,0 +1,77 @@
+"""One update() over a fixed global rollout batch, in one process or under torchrun (each rank its share).
+
+    python tests/dist_update.py MODEL_DIR OUT.pt METHOD [-o key=value ...]
+    torchrun --nproc_per_node 2 tests/dist_update.py MODEL_DIR OUT.pt METHOD [-o key=value ...]
+
+Rank 0 writes {parameter name: change} and the update's metrics to OUT.pt. The optimizer is plain SGD with
+lr 1, so the change is minus the applied gradient: Adam's first step is about lr * sign(gradient) and
+would hide a gradient that is off by a constant factor (a missing world-size scale, say).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+from accelerate import Accelerator
+
+from thinkrl import distributed
+from thinkrl.advantages import compute_advantages
+from thinkrl.batch import PolicyLogProbs
+from thinkrl.config import load_config, resolve
+from thinkrl.methods import get_method
+from thinkrl.models import add_lora, load_base
+from thinkrl.rollout import Completions
+from thinkrl.update import RolloutBatch, update
+
+P, G = 4, 3  # 4 prompts x 3 completions; with 2 ranks, rank r holds prompts 2r and 2r + 1
+
+
+def global_batch(pad: int) -> tuple[list[list[int]], Completions, torch.Tensor]:
+    """Prompts, completions of uneven lengths (rank 1's are longer: more tokens, more micro-batches), rewards."""
+    g = torch.Generator().manual_seed(0)
+    prompts = [[10 + p, 20 + p, 30, 31 + p][: 3 + p % 2] for p in range(P)]
+    lengths = torch.tensor([5, 3, 4, 2, 6, 1, 9, 7, 8, 9, 6, 9])  # (P * G,)
+    T = int(lengths.max())
+    mask = torch.arange(T)[None] < lengths[:, None]  # (B, T)
+    tokens = torch.where(mask, torch.randint(10, 90, (P * G, T), generator=g), pad)
+    behav = torch.where(mask, -torch.rand((P * G, T), generator=g) - 0.5, 0.0)
+    comp = Completions(tokens, behav, mask, lengths, torch.zeros(P * G, dtype=torch.bool))
+    rewards = torch.tensor([1.0, 0, 0, 1, 1, 0, 0, 0, 1, 1, 0, 1])
+    return prompts, comp, rewards
+
+
+def main() -> None:
+    model_dir, out, method_name, *rest = sys.argv[1:]
+    overrides = [rest[i + 1] for i in range(0, len(rest), 2) if rest[i] == "-o"]
+    cfg = resolve(load_config(None, overrides, **{"model.name": model_dir, "method.name": method_name, "output_dir": "unused"}))
+    accelerator = Accelerator(cpu=True)
+    rank, world = distributed.world()
+    torch.manual_seed(0)
+    base, tok = load_base(model_dir, torch.float32)
+    policy = add_lora(base, cfg.model.lora)
+    with torch.no_grad():  # LoRA's B starts at zero; give it values so every adapter matrix gets a gradient
+        for name, p in policy.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(len(name))) * 0.1)
+    before = {n: p.detach().clone() for n, p in policy.named_parameters() if p.requires_grad}
+    method = get_method(cfg.method.name, **cfg.method.params)
+    optimizer = torch.optim.SGD([p for p in policy.parameters() if p.requires_grad], lr=1.0)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+    model, optimizer, scheduler = accelerator.prepare(PolicyLogProbs(policy), optimizer, scheduler)
+
+    prompts, comp, rewards = global_batch(tok.pad_token_id)
+    adv, _ = compute_advantages(rewards, G, method.advantage if cfg.advantage.estimator == "auto" else cfg.advantage.estimator, cfg.advantage.eps)
+    groups = distributed.shard(list(range(P)), rank, world)  # this rank's prompts, as the trainer shards them
+    rows = torch.tensor([g * G + j for g in groups for j in range(G)])
+    rb = RolloutBatch([prompts[r // G] for r in rows.tolist()], comp.select(rows), adv[rows], G)
+    torch.manual_seed(1)
+    metrics = update(model, method, optimizer, scheduler, accelerator, rb, cfg, tok.pad_token_id, torch.Generator().manual_seed(2), None)
+    if rank == 0:
+        after = dict(accelerator.unwrap_model(model).policy.named_parameters())
+        torch.save({"delta": {n: after[n].detach() - b for n, b in before.items()}, "metrics": metrics, "world": world}, out)
+    accelerator.wait_for_everyone()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,51 @@
+"""`thinkrl export RUN_DIR[/checkpoints/step-N] --out DIR [--merge]`: a checkpoint in the formats other tools load.
+
+Without --merge a LoRA run exports its peft adapter (adapter_config.json + adapter_model.safetensors) with
+the tokenizer: `PeftModel.from_pretrained(base, DIR)`. With --merge the adapter is folded into the base
+weights and DIR is a plain transformers model (safetensors, config, tokenizer and chat template), which
+`AutoModelForCausalLM.from_pretrained(DIR)` and vLLM load directly. A full fine-tuning checkpoint is
+already a plain model and is exported as such either way.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import torch
+
+from thinkrl.config import load_config
+from thinkrl.errors import UserError
+from thinkrl.evaluate import find_checkpoint
+from thinkrl.logs import console
+from thinkrl.models import load_base, load_tokenizer, resolve_path
+
+
+def export(source: Path, out: Path, merge: bool = False, dtype: str = "float32") -> Path:
+    found = find_checkpoint(str(source))
+    if found is None:
+        raise UserError(f"{source}: not a run directory (no config.yaml) or one of its checkpoints (RUN_DIR/checkpoints/step-N)")
+    run_dir, ckpt = found
+    if out.exists() and any(out.iterdir()):
+        raise UserError(f"--out {out} exists and is not empty; pick a new directory")
+    cfg = load_config(run_dir / "config.yaml")
+    if not (ckpt / "adapter").is_dir():  # full fine-tuning: the checkpoint holds a complete model already
+        shutil.copytree(ckpt / "model", out, dirs_exist_ok=True)
+        console.print(f"exported the full model of {ckpt} to {out}")
+        return out
+    tok = load_tokenizer(resolve_path(cfg.model.name))
+    out.mkdir(parents=True, exist_ok=True)
+    if merge:
+        from peft import PeftModel
+
+        model, _ = load_base(cfg.model.name, getattr(torch, dtype))
+        merged = PeftModel.from_pretrained(model, ckpt / "adapter").merge_and_unload()
+        merged.save_pretrained(out)
+        what = "merged model"
+    else:
+        shutil.copytree(ckpt / "adapter", out, dirs_exist_ok=True)
+        what = "LoRA adapter"
+    tok.save_pretrained(out)  # with its chat template, so chat-formatted prompts match training
+    console.print(f"exported the {what} of {ckpt} to {out}")
+    return out
+
