@@ -2,7 +2,10 @@
 
     pip install -e ".[bench]"                 # adds trl
     python bench/bench_trl.py                 # the issue's CPU setting; writes bench/RESULTS.md
-    python bench/bench_trl.py --max-new-tokens 1024 --group 16 --steps 1 --rounds 1 --out bench/RESULTS-1024.md
+    python bench/bench_trl.py --max-new-tokens 1024 --group 16 --prompts 1 --steps 1 --warmup 0 --rounds 1 --out bench/RESULTS-1024.md
+    python bench/bench_trl.py --scaling --steps 1 --warmup 0 --out bench/RESULTS-scaling.md       # thinkrl only
+    python bench/bench_trl.py --model random-qwen2.5-1.5b --max-new-tokens 512 --out bench/RESULTS-gpu-512.md    # GPU
+    python bench/bench_trl.py --model random-qwen2.5-1.5b --max-new-tokens 4096 --prompts 1 --out bench/RESULTS-gpu-4096.md
 
 Both trainers get the same model (SmolLM2-135M-Instruct, the bundled alias), LoRA r=16 alpha 32 on every
 linear layer, the same prompts (built-in arithmetic, boxed instruction, chat template), P prompts x G
@@ -30,6 +33,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+import random_model  # noqa: E402  (bench/random_model.py)
 import roofline  # noqa: E402  (bench/roofline.py)
 
 NOTES = """Notes. Each run is a fresh subprocess (its own peak RSS); the driver alternates thinkrl and TRL, and every run
@@ -42,7 +46,7 @@ minutes, which is why runs alternate and the ratio is taken over medians of the 
 
 
 def settings(a) -> dict:
-    return {"model": a.model, "prompts": a.prompts, "group": a.group, "max_new_tokens": a.max_new_tokens, "lora_rank": 16,
+    return {"model": a.model_name, "prompts": a.prompts, "group": a.group, "max_new_tokens": a.max_new_tokens, "thinkrl_checkpointing": a.checkpointing, "lora_rank": 16,
             "lora_alpha": 32, "lr": 1e-4, "temperature": 1.0, "fixed_length": not a.variable_length, "steps": a.steps, "warmup": a.warmup}
 
 
@@ -65,7 +69,7 @@ def run_thinkrl(a) -> dict:
     out = Path(tempfile.mkdtemp(prefix="bench-thinkrl-"))
     overrides = [f"train.steps={a.warmup + a.steps}", f"rollout.prompts_per_step={a.prompts}", f"rollout.group_size={a.group}",
                  f"rollout.max_new_tokens={a.max_new_tokens}", "train.lr=1e-4", "log.rollouts_every=0", f"output_dir={out}",
-                 f"train.micro_batch_size={a.micro_batch}"]
+                 f"train.micro_batch_size={a.micro_batch}", f"train.gradient_checkpointing={a.checkpointing}"]
     if not a.variable_length:
         overrides.append(f"rollout.min_new_tokens={a.max_new_tokens}")
     train(load_config(None, overrides, **{"model.name": a.model}))
@@ -166,11 +170,12 @@ def run_trl(a) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--model", default="smollm2-135m", help=f"an alias, hub id or path; {random_model.NAME} for the GPU config")
     p.add_argument("--prompts", type=int, default=2)
     p.add_argument("--group", type=int, default=8)
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--micro-batch", type=int, default=8, help="thinkrl train.micro_batch_size")
+    p.add_argument("--checkpointing", action="store_true", help="thinkrl train.gradient_checkpointing (TRL has it on by default)")
     p.add_argument("--steps", type=int, default=3, help="timed steps per run")
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--rounds", type=int, default=2, help="alternations thinkrl, TRL")
@@ -181,6 +186,7 @@ def main() -> None:
     p.add_argument("--worker", choices=["thinkrl", "trl"], help=argparse.SUPPRESS)
     p.add_argument("--json", help=argparse.SUPPRESS)
     a = p.parse_args()
+    a.model_name, a.model = a.model, random_model.model_dir(a.model)  # the random model is built once, by the driver
     if a.worker:
         result = (run_thinkrl if a.worker == "thinkrl" else run_trl)(a)
         Path(a.json).write_text(json.dumps(result))
@@ -240,16 +246,10 @@ def summarise(runs: list[dict]) -> dict | None:
             "n": sum(len(r["step_s"]) for r in ok)}
 
 
-def prompt_tokens(a) -> int:
-    """Mean token length of the bench's chat-formatted prompts."""
-    from thinkrl.config import ArithConfig, PromptConfig
-    from thinkrl.data import arith_problems
-    from thinkrl.models import load_tokenizer, resolve_path
-
-    tok = load_tokenizer(resolve_path(a.model))
-    texts = [[{"role": "user", "content": PromptConfig().instruction.replace("{problem}", p.problem)}] for p in arith_problems(ArithConfig(), "train")[:50]]
-    lengths = [len(tok.apply_chat_template(t, add_generation_prompt=True, tokenize=True)["input_ids"]) for t in texts]
-    return round(statistics.mean(lengths))
+def _env_prefix() -> str:
+    """Allocator settings that change peak memory, as they were set for this run."""
+    keys = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "LD_PRELOAD")
+    return "".join(f"{k}={os.environ[k]} " for k in keys if os.environ.get(k))
 
 
 def report(a, runs: dict[str, list[dict]]) -> None:
@@ -266,7 +266,7 @@ def report(a, runs: dict[str, list[dict]]) -> None:
         "# thinkrl vs TRL GRPOTrainer", "",
         f"Machine: {device}; torch {torch.__version__}; python {platform.python_version()}.",
         f"Settings: {json.dumps(settings(a))}.",
-        f"Command: `python bench/{Path(__file__).name} {' '.join(sys.argv[1:])}` ({time.strftime('%Y-%m-%d')}).", "",
+        f"Command: `{_env_prefix()}python bench/{Path(__file__).name} {' '.join(sys.argv[1:])}` ({time.strftime('%Y-%m-%d')}).", "",
         "| trainer | median step (s) | generate (s) | score (s) | logp + update (s) | tokens/s | peak memory (MB) | verifier worker (MB each) | steps timed |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
@@ -285,7 +285,7 @@ def report(a, runs: dict[str, list[dict]]) -> None:
         dtype = torch.bfloat16 if torch.cuda.is_available() else torch.float32
         gflops, gbs = roofline.peak_gflops(dtype), roofline.bandwidth_gbs()
         weight_bytes = params * torch.finfo(dtype).bits // 8
-        floor = roofline.step_floor(a.prompts, a.group, a.max_new_tokens, prompt_tokens(a), params, weight_bytes, gflops, gbs)
+        floor = roofline.step_floor(a.prompts, a.group, a.max_new_tokens, roofline.prompt_tokens(a.model), params, weight_bytes, gflops, gbs)
         lines += ["", roofline.describe(floor, gflops, gbs, {t: s["step_s"] for t, s in stats.items() if s})]
     lines += ["", NOTES]
     text = "\n".join(lines) + "\n"

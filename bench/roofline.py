@@ -9,6 +9,7 @@ device the bench runs on, so the floor is this machine's, not a datasheet's.
 
 from __future__ import annotations
 
+import statistics
 import time
 
 import torch
@@ -61,3 +62,15 @@ def describe(floor: dict, gflops: float, gbs: float, achieved: dict[str, float])
         f"({floor['prefill_s']:.2f} s) and the training pass ({floor['train_s']:.2f} s: 4N FLOPs per completion token) by "
         f"the matmul peak. A step cannot take less than {floor['total_s']:.2f} s; achieved fraction of that floor: {parts}."
     )
+
+
+def prompt_tokens(model: str) -> int:
+    """Mean token length of the bench's chat-formatted prompts."""
+    from thinkrl.config import ArithConfig, PromptConfig
+    from thinkrl.data import arith_problems
+    from thinkrl.models import load_tokenizer, resolve_path
+
+    tok = load_tokenizer(resolve_path(model))
+    texts = [[{"role": "user", "content": PromptConfig().instruction.replace("{problem}", p.problem)}] for p in arith_problems(ArithConfig(), "train")[:50]]
+    lengths = [len(tok.apply_chat_template(t, add_generation_prompt=True, tokenize=True)["input_ids"]) for t in texts]
+    return round(statistics.mean(lengths))

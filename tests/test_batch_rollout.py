@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from transformers import AutoModelForCausalLM
 
 import thinkrl.batch as batch_mod
 from thinkrl.batch import TokenBatch, token_logprobs
@@ -11,7 +12,7 @@ from thinkrl.sampler import PolicySampler
 
 @pytest.fixture(scope="module")
 def tiny(tiny_model_dir):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     torch.manual_seed(0)
     return AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval(), AutoTokenizer.from_pretrained(tiny_model_dir)
@@ -68,6 +69,36 @@ def test_chunked_logprobs_and_entropy_match_full_logits(tiny, monkeypatch, chunk
     for g, p in zip(grads, model.parameters()):
         assert torch.allclose(g, p.grad, atol=1e-5)
     model.zero_grad()
+
+
+def test_gradient_checkpointing_changes_memory_not_values(tiny_model_dir):
+    """Checkpointing turns transformers' KV cache off, so the shared-prompt forward is replaced by packed
+    [prompt | completion] rows; log-probs and gradients must not change."""
+    from thinkrl.config import LoraConfig
+    from thinkrl.models import add_lora, enable_checkpointing
+
+    prompts = [PROMPTS[0], PROMPTS[0], PROMPTS[1]]
+    mask = torch.arange(5)[None, :] < torch.tensor([5, 3, 4])[:, None]  # (3, 5)
+    completions = torch.where(mask, torch.randint(7, 100, (3, 5), generator=torch.Generator().manual_seed(0)), 0)
+    results = []
+    for checkpointing in (False, True):
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+        if checkpointing:
+            enable_checkpointing(model)
+        model = add_lora(model, LoraConfig(rank=4, alpha=8))
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if "lora_B" in name:
+                    p.normal_(0, 0.1, generator=torch.Generator().manual_seed(len(name)))
+        model.train()
+        logp, _ = token_logprobs(model, prompts, completions, mask, pad_id=0, temperature=0.8)
+        logp[mask].sum().backward()
+        results.append((logp.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}))
+    (a, grads_a), (b, grads_b) = results
+    torch.testing.assert_close(b, a, atol=1e-5, rtol=0)
+    for name, g in grads_a.items():
+        torch.testing.assert_close(grads_b[name], g, atol=1e-5, rtol=1e-4, msg=name)
 
 
 @pytest.mark.parametrize("prompt_set", [PROMPTS, [PROMPTS[0], PROMPTS[0][::-1]]])  # left-padded, and one length (no mask)

@@ -49,6 +49,11 @@ def test_plot_writes_a_png_with_a_line_per_run(two_runs, tmp_path):
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
 
 
+def test_plot_names_a_bad_output_format(two_runs, tmp_path):
+    result = CliRunner().invoke(app, ["plot", str(two_runs[0]), "--out", str(tmp_path / "fig.txt")])
+    assert result.exit_code != 0 and "end the name in .png" in str(result.exception)
+
+
 def test_smoothing_is_a_trailing_moving_average():
     assert smooth([1.0, 3.0, 5.0, 7.0], 2) == [1.0, 2.0, 4.0, 6.0]
     assert smooth([1.0, 3.0], 1) == [1.0, 3.0]
@@ -57,12 +62,13 @@ def test_smoothing_is_a_trailing_moving_average():
 def test_compare_table_has_final_and_best_per_run(two_runs):
     runs = load_runs(list(two_runs))
     header, rows = compare_rows(runs, tail=2)
-    assert [r[0] for r in rows] == ["grpo", "dapo"] and rows[0][1] == "3"
+    assert header == ["", "grpo", "dapo"] and rows[0] == ["steps", "3", "3"]
+    table = {row[0]: row[1:] for row in rows}
     rewards = [m["reward/mean"] for m in read_jsonl(two_runs[0] / "metrics.jsonl")]
-    col = header.index("reward final")
-    assert float(rows[0][col]) == pytest.approx(sum(rewards[-2:]) / 2, abs=1e-3)
+    assert float(table["reward final"][0]) == pytest.approx(sum(rewards[-2:]) / 2, abs=1e-3)
     best = max(rewards)
-    assert rows[0][col + 1] == f"{best:.3f} ({rewards.index(best) + 1})"
+    assert table["reward best (step)"][0] == f"{best:.3f} ({rewards.index(best) + 1})"
+    assert "clip frac max (step)" in table
     result = CliRunner().invoke(app, ["compare", *map(str, two_runs)])
     assert result.exit_code == 0, result.output
 

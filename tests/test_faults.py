@@ -282,7 +282,7 @@ def test_out_of_memory_names_the_memory_settings_and_saves_nothing_new(tiny_mode
     line = error_line(err)
     assert code == 2 and line.startswith("error: step 2: out of GPU memory during the "), line
     assert "nothing new was saved, step-1 is the last checkpoint" in line, line
-    settings = ["train.micro_batch_size=3", "train.micro_batch_tokens=4096", "rollout.batch_size=64", "rollout.max_new_tokens=8", "rollout.prompts_per_step=2",
+    settings = ["train.micro_batch_size=3", "train.micro_batch_tokens=4096", "train.gradient_checkpointing=false", "rollout.batch_size=64", "rollout.max_new_tokens=8", "rollout.prompts_per_step=2",
                 "rollout.group_size=4", "model.lora.rank=16", f"thinkrl train --resume {out} {retry}"]
     assert all(s in line for s in settings), line
     assert [p.name for p in checkpoint.complete_checkpoints(out)] == ["step-1"] and hidden_dirs(out) == []

@@ -195,6 +195,8 @@ def _hidden(model, prompts: list[list[int]], completions: Tensor, mask: Tensor, 
     from transformers import DynamicCache
 
     body, head, config = _body_and_head(model)
+    if getattr(body, "gradient_checkpointing", False) and body.training and torch.is_grad_enabled():
+        return _hidden_packed(body, prompts, completions, mask, pad_id), completions[mask], head, config
     # Completions of one group share their prompt: run each distinct prompt once, with grad, and let every
     # completion attend to its (differentiable) key/value cache. Identical values and gradients to packing
     # [prompt | completion] per row, at a fraction of the cost when G completions share a prompt.
@@ -216,6 +218,17 @@ def _hidden(model, prompts: list[list[int]], completions: Tensor, mask: Tensor, 
     # the state before each generated token predicts it: last prompt state, then completion states 0..T-2
     h = torch.cat([h_prompt.index_select(0, which)[:, None], h_comp[:, :-1]], dim=1)[mask]  # (N, H)
     return h, completions[mask], head, config
+
+
+def _hidden_packed(body, prompts: list[list[int]], completions: Tensor, mask: Tensor, pad_id: int) -> Tensor:
+    """_hidden for gradient checkpointing, which turns the KV cache off (a replayed layer would write it
+    twice): one [left-padded prompt | completion] sequence per row, no cache. Same values, more compute."""
+    p_ids, p_attn, _ = left_pad(prompts, pad_id, completions.device)  # (B, Lp)
+    Lp, T = p_ids.shape[1], completions.shape[1]
+    attn = torch.cat([p_attn, torch.ones_like(completions)], dim=1)  # (B, Lp + T)
+    pos = (attn.cumsum(-1) - 1).clamp(min=0)
+    h = body(input_ids=torch.cat([p_ids, completions], dim=1), attention_mask=attn, position_ids=pos, use_cache=False).last_hidden_state
+    return h[:, Lp - 1 : Lp - 1 + T][mask]  # (N, H): the state before each generated token
 
 
 def token_logprobs(

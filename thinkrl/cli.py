@@ -148,6 +148,8 @@ def plot(
 
     if smooth < 1:
         raise UserError("--smooth must be >= 1 (1 = no smoothing)")
+    if out.suffix.lower() not in (".png", ".pdf", ".svg", ".jpg", ".jpeg"):
+        raise UserError(f"--out {out}: end the name in .png, .pdf, .svg or .jpg (the format follows the suffix)")
     print(plot_runs(load_runs(runs), out, smooth, title))
 
 
@@ -166,8 +168,8 @@ def compare(
         raise UserError("--tail must be >= 1")
     header, rows = compare_rows(load_runs(runs), tail)
     table = Table(title=f"thinkrl compare (final = mean of the last {tail} steps)")
-    for col in header:
-        table.add_column(col, justify="left" if col == "run" else "right")
+    for i, col in enumerate(header):
+        table.add_column(col, justify="left" if i == 0 else "right", no_wrap=True)
     for row in rows:
         table.add_row(*row)
     console.print(table)

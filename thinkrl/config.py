@@ -184,6 +184,9 @@ class TrainConfig:
     micro_batch_tokens: int = 4096
     """Cap on padded completion tokens per forward/backward pass (0 = none): long completions get fewer
     rows per micro-batch (memory only: the result does not depend on it)."""
+    gradient_checkpointing: bool = False
+    """Recompute each layer in the backward instead of keeping its activations: far less memory for long
+    completions, more update time (every layer runs forward twice and each completion recomputes its prompt)."""
     micro_batch_size: int = 8
     """Sequences per forward/backward pass (memory knob; does not change the result)."""
     mini_batches: int = 1

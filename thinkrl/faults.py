@@ -114,6 +114,7 @@ def out_of_memory_message(cfg: Config, step: int, phase: str, run_dir: Path) -> 
     kept = f"nothing new was saved, {ckpt.name} is the last checkpoint" if ckpt else "nothing was saved"
     knobs = (
         f"train.micro_batch_size={t.micro_batch_size} and train.micro_batch_tokens={t.micro_batch_tokens} (update), "
+        f"train.gradient_checkpointing={str(t.gradient_checkpointing).lower()} (update; true keeps far fewer activations), "
         f"rollout.batch_size={r.batch_size} (generation), "
         f"rollout.max_new_tokens={r.max_new_tokens}, rollout.prompts_per_step={r.prompts_per_step} x "
         f"rollout.group_size={r.group_size} completions per step, model.lora.rank={cfg.model.lora.rank} (a new run only)"

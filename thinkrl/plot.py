@@ -54,6 +54,8 @@ def plot_runs(runs: list[Run], out: Path, window: int = 1, title: str | None = N
                 if name != "Held-out accuracy":
                     break  # one line per run: the first key it has
         ax.set_title(name)
+        if ylabel in ("fraction of tokens", "accuracy"):
+            ax.set_ylim(bottom=0)  # fractions: keep 0 at the bottom, also when every value is 0
         ax.set_xlabel("step")
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)

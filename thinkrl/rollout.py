@@ -169,7 +169,10 @@ def generate(
             break
         if bool(done.any()):  # drop finished rows so later steps only decode live ones
             keep = (~done).nonzero().squeeze(-1)
-            fast.select(keep) if fast is not None else cache.batch_select_indices(keep)
+            if fast is not None:
+                fast.select(keep)
+            else:
+                cache.batch_select_indices(keep)
             rows, tok, attn, next_pos = rows[keep], tok[keep], attn[keep], next_pos[keep]
         if fast is not None:
             logits = fast.step(tok, next_pos)

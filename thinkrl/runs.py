@@ -59,25 +59,24 @@ COMPARE = [("reward/mean", "reward"), ("entropy", "entropy"), ("length/mean", "l
 
 
 def compare_rows(runs: list[Run], tail: int) -> tuple[list[str], list[list[str]]]:
-    """Header and rows: per run the final value (mean of the last `tail` steps) and the best step's value."""
+    """A table with one column per run: each metric's final value (mean of the last `tail` steps) and its
+    highest value with the step it was reached at ("best" for reward and accuracy, "max" for the rest)."""
     evals = list(dict.fromkeys(k for r in runs for k in eval_keys(r)))
     metrics = [(k, name) for k, name in COMPARE if any(r.series(k)[0] for r in runs)] + [(k, k.removeprefix("eval/")) for k in evals]
-    header = ["run", "steps"]
-    for _, name in metrics:
-        header += [f"{name} final", f"{name} best (step)"]
-    rows = []
-    for r in runs:
-        row = [r.label, str(r.metrics[-1]["step"])]
-        for key, _ in metrics:
+    header = ["", *(r.label for r in runs)]
+    rows = [["steps", *(str(r.metrics[-1]["step"]) for r in runs)]]
+    for key, name in metrics:
+        final, best = [f"{name} final"], [f"{name} {'best' if key == 'reward/mean' or key.startswith('eval/') else 'max'} (step)"]
+        for r in runs:
             steps, values = r.series(key)
             if not values:
-                row += ["-", "-"]
+                final.append("-")
+                best.append("-")
                 continue
-            final = sum(values[-tail:]) / len(values[-tail:])
-            pick = min if key in ("clip/frac", "mask/frac") else max  # best = most reward/accuracy; for clip/mask just the extreme
-            i = values.index(pick(values))
-            row += [f"{final:.3f}", f"{values[i]:.3f} ({steps[i]})"]
-        rows.append(row)
+            i = values.index(max(values))
+            final.append(f"{sum(values[-tail:]) / len(values[-tail:]):.3f}")
+            best.append(f"{values[i]:.3f} ({steps[i]})")
+        rows += [final, best]
     return header, rows
 
 

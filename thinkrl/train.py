@@ -108,7 +108,7 @@ def train(cfg: Config, resume: bool = False) -> Path:
     # --- setup: model, method, data, optimizer
     device = accelerator.device
     seed_step(cfg.train.seed, 0, device)  # LoRA init is part of the run's seed
-    policy, tok = load_policy(cfg.model, device)
+    policy, tok = load_policy(cfg.model, device, cfg.train.gradient_checkpointing)
     trainable, total = parameter_counts(policy)
     console.print(f"model: {cfg.model.name} on {device}, {trainable:,} of {total:,} parameters trainable")
     method = get_method(cfg.method.name, **cfg.method.params)
@@ -174,8 +174,9 @@ def train(cfg: Config, resume: bool = False) -> Path:
                 # 3. advantages (B,) and 4. update (skipped when dynamic sampling kept no group)
                 phase = "update"
                 upd, adv, astats = {}, torch.zeros(0), {}
-                if distributed.all_sum([float(not samples.prompts)])[0] == 0:  # every rank kept a group
+                if samples.prompts:
                     adv, astats = compute_advantages(samples.rewards, rc.group_size, estimator, cfg.advantage.eps)
+                if distributed.all_sum([float(not samples.prompts)])[0] == 0:  # every rank kept a group: all update
                     comp = samples.comp
                     if rc.mask_truncated:  # DAPO's overlong filtering: truncated completions teach nothing
                         comp = replace(comp, mask=comp.mask & ~comp.truncated[:, None])
