@@ -62,7 +62,7 @@ def peak_memory_mb() -> float:
 
 
 def run_thinkrl(a) -> dict:
-    from thinkrl.config import load_config
+    from thinkrl.configure import load_config
     from thinkrl.logs import read_jsonl
     from thinkrl.train import train
 

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from thinkrl.config import load_config, resolve
+from thinkrl.configure import load_config, resolve
 from thinkrl.logs import read_jsonl
 
 HERE = Path(__file__).resolve().parent

@@ -18,7 +18,7 @@ from accelerate import Accelerator
 from thinkrl import distributed
 from thinkrl.advantages import compute_advantages
 from thinkrl.batch import PolicyLogProbs
-from thinkrl.config import load_config, resolve
+from thinkrl.configure import load_config, resolve
 from thinkrl.methods import get_method
 from thinkrl.models import add_lora, load_base
 from thinkrl.rollout import Completions

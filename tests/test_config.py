@@ -3,7 +3,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from thinkrl.config import Config, load_config, resolve, save_config
+from thinkrl.config import Config
+from thinkrl.configure import load_config, resolve, save_config
 from thinkrl.errors import UserError
 
 CONFIGS = sorted(Path(__file__).parent.parent.joinpath("configs").glob("*.yaml"))

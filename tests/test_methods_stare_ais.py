@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from thinkrl.batch import TokenBatch
-from thinkrl.config import load_config, resolve
+from thinkrl.configure import load_config, resolve
 from thinkrl.errors import UserError
 from thinkrl.methods import get_method, method_class
 from thinkrl.methods._common import aggregate

@@ -9,7 +9,8 @@ from test_cli_e2e import invoke, tiny_args
 from test_supply_and_sampler import PROMPTS, tiny
 
 from thinkrl.batch import TokenBatch, token_logprobs
-from thinkrl.config import SeedsConfig, load_config, resolve
+from thinkrl.config import SeedsConfig
+from thinkrl.configure import load_config, resolve
 from thinkrl.logs import read_jsonl
 from thinkrl.methods import get_method
 from thinkrl.rollout import Sampling

@@ -39,7 +39,7 @@ def train(
     plugins: Path | None = typer.Option(None, "--plugins", help="Directory of extra method files."),
 ) -> None:
     """Train a policy with GRPO-family RL. With no arguments: bundled model, built-in arithmetic, grpo."""
-    from thinkrl.config import load_config
+    from thinkrl.configure import load_config
     from thinkrl.methods import load_plugins
     from thinkrl.train import train as run_train
 
@@ -79,7 +79,7 @@ def eval_(
     as_json: bool = typer.Option(False, "--json", help="Print the summaries as JSON."),
 ) -> None:
     """Evaluate a model or a training run: avg@n, pass@k and maj@n per dataset."""
-    from thinkrl.config import load_config
+    from thinkrl.configure import load_config
     from thinkrl.evaluate import EvalSettings, evaluate
 
     if limit < 0 or batch_size < 1:

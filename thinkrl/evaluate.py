@@ -25,7 +25,8 @@ from pathlib import Path
 import torch
 
 from thinkrl import checkpoint
-from thinkrl.config import Config, DataConfig, PromptConfig, load_config
+from thinkrl.config import Config, DataConfig, PromptConfig
+from thinkrl.configure import load_config
 from thinkrl.data import build_prompts, load_problems
 from thinkrl.errors import UserError
 from thinkrl.eval_metrics import summarise

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from thinkrl.config import load_config
+from thinkrl.configure import load_config
 from thinkrl.errors import UserError
 from thinkrl.evaluate import find_checkpoint
 from thinkrl.logs import console

@@ -30,7 +30,8 @@ from thinkrl import checkpoint, distributed, faults, records, trackers
 from thinkrl.advantages import compute_advantages
 from thinkrl.batch import PolicyLogProbs
 from thinkrl.collect import collect
-from thinkrl.config import Config, resolve, save_config
+from thinkrl.config import Config
+from thinkrl.configure import resolve, save_config
 from thinkrl.data import build_prompts, load_problems
 from thinkrl.errors import UserError
 from thinkrl.evaluate import eval_during_training

@@ -1,6 +1,6 @@
 """Strict value coercion against type hints, and field docs read from attribute docstrings.
 
-Shared by the run config (`config.py`) and each method's own `Config` (`methods/`), so that a bad
+Shared by the run config (`configure.py`) and each method's own `Config` (`methods/`), so that a bad
 `-o key=value` is rejected the same way everywhere: the message names the key and the value.
 """
 
