@@ -16,13 +16,14 @@ import torch
 from accelerate import Accelerator
 
 from thinkrl import distributed
-from thinkrl.advantages import compute_advantages
-from thinkrl.batch import PolicyLogProbs
-from thinkrl.configure import load_config, resolve
+from thinkrl.config.load import load_config, resolve
+from thinkrl.learner.advantages import compute_advantages
+from thinkrl.learner.logprobs import PolicyLogProbs
+from thinkrl.learner.batching import RolloutBatch
+from thinkrl.learner.update import UpdateContext, update
 from thinkrl.methods import get_method
 from thinkrl.models import add_lora, load_base
-from thinkrl.rollout import Completions
-from thinkrl.update import RolloutBatch, update
+from thinkrl.rollout.completions import Completions
 
 P, G = 4, 3  # 4 prompts x 3 completions; with 2 ranks, rank r holds prompts 2r and 2r + 1
 
@@ -66,11 +67,14 @@ def main() -> None:
     rows = torch.tensor([g * G + j for g in groups for j in range(G)])
     rb = RolloutBatch([prompts[r // G] for r in rows.tolist()], comp.select(rows), adv[rows], G)
     torch.manual_seed(1)
-    metrics = update(model, method, optimizer, scheduler, accelerator, rb, cfg, tok.pad_token_id, torch.Generator().manual_seed(2), None)
+    ctx = UpdateContext(model, method, optimizer, scheduler, accelerator, cfg, tok.pad_token_id)
+    metrics = update(ctx, rb, torch.Generator().manual_seed(2))
     if rank == 0:
         after = dict(accelerator.unwrap_model(model).policy.named_parameters())
         torch.save({"delta": {n: after[n].detach() - b for n, b in before.items()}, "metrics": metrics, "world": world}, out)
     accelerator.wait_for_everyone()
+    if torch.distributed.is_initialized():  # an orderly gloo shutdown (leaving it to exit aborted a rank now and then)
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

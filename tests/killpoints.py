@@ -58,7 +58,7 @@ def install(spec: str, root: str) -> None:
         return root_path is not None and os.path.realpath(path).startswith(root_path + os.sep)
 
     if kind == "generate":
-        import thinkrl.collect as mod
+        import thinkrl.rollout.collect as mod
 
         real_generate = mod.generate
 
@@ -95,7 +95,7 @@ def install(spec: str, root: str) -> None:
     elif kind == "log":
         import tempfile
 
-        from thinkrl.logs import JsonlLog
+        from thinkrl.run.jsonl import JsonlLog
 
         real_write = JsonlLog.write
 
@@ -113,7 +113,7 @@ def install(spec: str, root: str) -> None:
 
         JsonlLog.write = write
     elif kind == "save_weights":
-        import thinkrl.checkpoint as mod
+        import thinkrl.run.checkpoint as mod
 
         real_save_weights = mod.save_weights
 

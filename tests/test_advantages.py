@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from thinkrl.advantages import compute_advantages
+from thinkrl.learner.advantages import compute_advantages
 
 
 def test_grpo_hand_values():

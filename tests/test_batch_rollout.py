@@ -4,10 +4,14 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-import thinkrl.batch as batch_mod
-from thinkrl.batch import TokenBatch, token_logprobs
-from thinkrl.rollout import Sampling, _sample, generate
-from thinkrl.sampler import PolicySampler
+import thinkrl.learner.logprobs as batch_mod
+from thinkrl.batch import TokenBatch
+from thinkrl.learner.logprobs import token_logprobs
+from thinkrl.models import left_pad
+from thinkrl.rollout.completions import Sampling
+from thinkrl.rollout.engines.lean import generate
+from thinkrl.rollout.policy_copy import PolicySampler
+from thinkrl.rollout.sampling import draw
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +38,7 @@ def test_token_batch_checks_shapes_and_grad():
 
 def naive_logprobs(model, prompts, completions, temperature):
     """Reference: full logits for the whole sequence, then gather."""
-    p_ids, p_attn, _ = batch_mod.left_pad(prompts, 0, "cpu")
+    p_ids, p_attn, _ = left_pad(prompts, 0, "cpu")
     Lp = p_ids.shape[1]
     ids = torch.cat([p_ids, completions], 1)  # [left-padded prompt | completion] per row
     attn = torch.cat([p_attn, torch.ones_like(completions)], 1)
@@ -57,7 +61,7 @@ def test_chunked_logprobs_and_entropy_match_full_logits(tiny, monkeypatch, chunk
     lengths = torch.tensor([4, 6, 2, 5, 6][: len(rows)])
     mask = torch.arange(6)[None, :] < lengths[:, None]  # (B, 6)
     completions = torch.where(mask, torch.randint(7, 100, (len(rows), 6), generator=g), 0)
-    logp, ent = token_logprobs(model, prompts, completions, mask, pad_id=0, temperature=0.7, entropy=True)
+    logp, ent, _ = token_logprobs(model, prompts, completions, mask, pad_id=0, temperature=0.7, entropy=True)
     ref_logp, ref_ent = naive_logprobs(model, prompts, completions, 0.7)
     assert torch.allclose(logp[mask], ref_logp[mask], atol=1e-5)
     assert torch.allclose(ent[mask], ref_ent[mask], atol=1e-5)
@@ -92,7 +96,7 @@ def test_gradient_checkpointing_changes_memory_not_values(tiny_model_dir):
                 if "lora_B" in name:
                     p.normal_(0, 0.1, generator=torch.Generator().manual_seed(len(name)))
         model.train()
-        logp, _ = token_logprobs(model, prompts, completions, mask, pad_id=0, temperature=0.8)
+        logp = token_logprobs(model, prompts, completions, mask, pad_id=0, temperature=0.8).logp
         logp[mask].sum().backward()
         results.append((logp.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}))
     (a, grads_a), (b, grads_b) = results
@@ -109,7 +113,7 @@ def test_behaviour_logprobs_match_a_training_forward(tiny, prompt_set):
     assert comp.tokens.shape[0] == 6 and comp.mask.sum(-1).tolist() == comp.lengths.tolist()
     prompts = [p for p in prompt_set for _ in range(3)]
     with torch.no_grad():
-        logp, _ = token_logprobs(model, prompts, comp.tokens, comp.mask, 0, temperature=0.9)
+        logp = token_logprobs(model, prompts, comp.tokens, comp.mask, 0, temperature=0.9).logp
     assert torch.allclose(logp[comp.mask], comp.behav_logp[comp.mask], atol=1e-4)
 
 
@@ -139,12 +143,12 @@ def test_greedy_is_the_argmax_path(tiny):
 def test_top_p_and_top_k_only_sample_inside_the_kept_set():
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]])).repeat(2000, 1)
     g = torch.Generator().manual_seed(0)
-    ids, lp, _ = _sample(logits, Sampling(1, 1.0, top_p=0.7), g)
+    ids, lp, _ = draw(logits, Sampling(1, 1.0, top_p=0.7), g)
     assert set(ids.tolist()) == {0, 1}  # 0.5 + 0.3 reaches 0.7
     assert torch.allclose(lp[ids == 0], torch.log(torch.tensor(0.5 / 0.8)))  # renormalised on the nucleus
-    ids, _, _ = _sample(logits, Sampling(1, 1.0, top_k=3), g)
+    ids, _, _ = draw(logits, Sampling(1, 1.0, top_k=3), g)
     assert set(ids.tolist()) == {0, 1, 2}
-    ids, _, _ = _sample(logits, Sampling(1, 1.0), g)
+    ids, _, _ = draw(logits, Sampling(1, 1.0), g)
     freq = torch.bincount(ids, minlength=4).float() / len(ids)
     assert torch.allclose(freq, torch.tensor([0.5, 0.3, 0.15, 0.05]), atol=0.04)
 
@@ -187,7 +191,7 @@ def test_shared_prompt_gradients_are_bitwise_reproducible():
 
     def grad():
         model.zero_grad()
-        logp, _ = token_logprobs(model, prompts, completions, mask, pad_id=0, temperature=1.0)
+        logp = token_logprobs(model, prompts, completions, mask, pad_id=0, temperature=1.0).logp
         (logp * torch.linspace(-1, 1, 16)[:, None]).sum().backward()
         return torch.cat([p.grad.flatten() for p in model.parameters()])
 

@@ -6,7 +6,7 @@ import pytest
 from typer.testing import CliRunner
 
 from thinkrl.cli import app
-from thinkrl.logs import read_jsonl
+from thinkrl.run.jsonl import read_jsonl
 
 pytestmark = pytest.mark.slow
 

@@ -17,10 +17,10 @@ from safetensors.torch import load_file, save_file
 from test_cli_e2e import tiny_args
 from typer.testing import CliRunner
 
-from thinkrl import checkpoint
 from thinkrl.cli import app
 from thinkrl.errors import UserError
-from thinkrl.logs import JsonlLog, read_jsonl
+from thinkrl.run import checkpoint
+from thinkrl.run.jsonl import JsonlLog, read_jsonl
 
 DETERMINISTIC = ["step", "reward/mean", "loss", "grad_norm", "entropy", "length/mean"]
 

@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from thinkrl.cli import app
-from thinkrl.logs import read_jsonl
+from thinkrl.run.jsonl import read_jsonl
 
 STEP_FIELDS = {
     "step", "reward/mean", "reward/std", "loss", "entropy", "length/mean", "length/max", "length/min",

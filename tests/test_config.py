@@ -4,7 +4,7 @@ import pytest
 import yaml
 
 from thinkrl.config import Config
-from thinkrl.configure import load_config, resolve, save_config
+from thinkrl.config.load import load_config, resolve, save_config
 from thinkrl.errors import UserError
 
 CONFIGS = sorted(Path(__file__).parent.parent.joinpath("configs").glob("*.yaml"))

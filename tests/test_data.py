@@ -3,7 +3,8 @@ import json
 import pytest
 
 from thinkrl.config import ArithConfig, DataConfig, PromptConfig
-from thinkrl.data import _arith_value, arith_problems, build_prompts, load_problems, normalise_answer, render_prompt, step_prompts
+from thinkrl.data import build_prompts, load_problems, normalise_answer, render_prompt, step_prompts
+from thinkrl.data.arith import _arith_value, arith_problems
 from thinkrl.errors import UserError
 
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from thinkrl.logs import read_jsonl
+from thinkrl.run.jsonl import read_jsonl
 
 HERE = Path(__file__).resolve().parent
 pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="torch.distributed with gloo")

@@ -8,9 +8,9 @@ from test_cli_e2e import invoke, tiny_args
 from typer.testing import CliRunner
 
 from thinkrl.cli import app
-from thinkrl.logs import read_jsonl
-from thinkrl.plot import smooth
-from thinkrl.runs import compare_rows, load_runs
+from thinkrl.run.jsonl import read_jsonl
+from thinkrl.run.plot import smooth
+from thinkrl.run.readers import compare_rows, load_runs
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +95,7 @@ def test_export_loads_in_transformers_and_matches_the_runs_policy(two_runs, tmp_
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from thinkrl.configure import load_config
+    from thinkrl.config.load import load_config
 
     run, out = two_runs[0], tmp_path / "export"
     result = CliRunner().invoke(app, ["export", str(run), "--out", str(out), *(["--merge"] if merge else [])])

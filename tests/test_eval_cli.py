@@ -5,12 +5,12 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-import thinkrl.evaluate as evaluate_mod
+import thinkrl.evaluation.evaluate as evaluate_mod
 from thinkrl.cli import app
 from thinkrl.config import Config
 from thinkrl.errors import UserError
-from thinkrl.evaluate import EvalSettings, resolve_settings
-from thinkrl.logs import read_jsonl
+from thinkrl.evaluation.settings import EvalSettings, resolve_settings
+from thinkrl.run.jsonl import read_jsonl
 
 SAMPLE_FIELDS = {"id", "sample", "completion", "extracted", "gold", "correct", "length", "truncated"}
 SETTING_FIELDS = {"model", "adapter", "dataset", "preset", "n", "temperature", "top_p", "max_new_tokens", "seed",

@@ -1,10 +1,10 @@
-"""pass@k, maj@n and the summary of evaluation samples (thinkrl/eval_metrics.py)."""
+"""pass@k, maj@n and the summary of evaluation samples (thinkrl/evaluation/metrics.py)."""
 
 import math
 
 import pytest
 
-from thinkrl.eval_metrics import ks, majority_correct, pass_at_k, summarise
+from thinkrl.evaluation.metrics import ks, majority_correct, pass_at_k, summarise
 
 
 # n = 4 samples, c correct: pass@k = 1 - C(4-c, k) / C(4, k), by hand

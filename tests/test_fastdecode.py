@@ -1,4 +1,4 @@
-"""thinkrl/fastdecode.py decodes exactly what the transformers forward decodes."""
+"""thinkrl/rollout/engines/lean_decoder.py decodes exactly what the transformers forward decodes."""
 
 from __future__ import annotations
 
@@ -6,8 +6,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from thinkrl.fastdecode import LeanDecoder
-from thinkrl.rollout import Sampling, generate
+from thinkrl.rollout.completions import Sampling
+from thinkrl.rollout.engines.lean import generate
+from thinkrl.rollout.engines.lean_decoder import LeanDecoder
 
 PROMPTS = [[4, 65, 24, 17, 36], [4, 70, 71, 72, 73, 74, 75, 76, 5], [9, 9, 8]]  # lengths 5, 9, 3: left padding
 

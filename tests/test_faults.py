@@ -20,10 +20,11 @@ import torch
 from safetensors.torch import load_file
 from test_cli_e2e import invoke, tiny_args
 
-import thinkrl.batch as batch_mod
+import thinkrl.learner.logprobs as batch_mod
 import thinkrl.train as train_mod
-from thinkrl import checkpoint, cli, faults
-from thinkrl.logs import JsonlLog, read_jsonl
+from thinkrl import cli
+from thinkrl.run import checkpoint, faults
+from thinkrl.run.jsonl import JsonlLog, read_jsonl
 
 TESTS = Path(__file__).parent
 COMPARED = ["reward/mean", "loss", "entropy", "grad_norm", "length/mean", "lr", "verifier/crashes", "verifier/timeouts"]
@@ -78,7 +79,7 @@ def inject_nan(monkeypatch, bad_steps: set[int], first_call_only: bool = False) 
         now["calls"] += 1
         out = real_logprobs(*args, **kwargs)
         bad = now["step"] in bad_steps and (now["calls"] == 1 or not first_call_only)
-        return (out[0] * float("nan"), *out[1:]) if bad else out
+        return out._replace(logp=out.logp * float("nan")) if bad else out
 
     monkeypatch.setattr(train_mod, "seed_step", seed_step)
     monkeypatch.setattr(batch_mod, "token_logprobs", token_logprobs)  # what the training forward calls

@@ -9,10 +9,10 @@ from test_cli_e2e import tiny_args
 from typer.testing import CliRunner
 
 from thinkrl.cli import app
-from thinkrl.collect import overlong_penalty
 from thinkrl.config import CorrectionConfig
-from thinkrl.correction import mismatch_stats, weights
-from thinkrl.logs import read_jsonl
+from thinkrl.learner.correction import mismatch_stats, weights
+from thinkrl.rollout.collect import overlong_penalty
+from thinkrl.run.jsonl import read_jsonl
 
 MASK = torch.tensor([[1, 1, 1], [1, 1, 0]]).bool()
 

@@ -8,9 +8,9 @@ import torch
 from thinkrl.batch import TokenBatch
 from thinkrl.errors import UserError
 from thinkrl.methods import get_method
-from thinkrl.methods._common import masked_quantile, valid_positions
 from thinkrl.methods.cppo import Config as CPPOConfig
 from thinkrl.methods.cppo import thresholds
+from thinkrl.ops import masked_quantile, valid_positions
 
 
 def probs_batch(pi, mu, adv, mask=None, entropy=None, old=None):

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from thinkrl.batch import TokenBatch
-from thinkrl.configure import load_config, resolve
+from thinkrl.config.load import load_config, resolve
 from thinkrl.errors import UserError
 from thinkrl.methods import get_method, method_class
 from thinkrl.methods.ctpo import Config as CTPOConfig

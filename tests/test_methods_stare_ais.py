@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from thinkrl.batch import TokenBatch
-from thinkrl.configure import load_config, resolve
+from thinkrl.config.load import load_config, resolve
 from thinkrl.errors import UserError
 from thinkrl.methods import get_method, method_class
 from thinkrl.methods._common import aggregate
@@ -416,7 +416,7 @@ def test_resume_continues_the_controller_exactly(tiny_model_dir, tmp_path, name,
     # through the trainer: begin_step each step, the state saved in the checkpoint and loaded on --resume
     from test_cli_e2e import invoke, tiny_args
 
-    from thinkrl.logs import read_jsonl
+    from thinkrl.run.jsonl import read_jsonl
 
     extra = ["-o", f"method.name={name}", *extra]
     invoke(tiny_args(tiny_model_dir, tmp_path / "straight", 4, *extra))

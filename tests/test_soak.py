@@ -19,8 +19,8 @@ from killpoints import KINDS, run
 from safetensors.torch import load_file
 from test_cli_e2e import tiny_args
 
-from thinkrl import checkpoint
-from thinkrl.logs import read_jsonl
+from thinkrl.run import checkpoint
+from thinkrl.run.jsonl import read_jsonl
 
 STEPS = 60
 DETERMINISTIC = ["step", "reward/mean", "loss", "grad_norm", "entropy", "length/mean"]

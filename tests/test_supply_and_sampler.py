@@ -1,18 +1,19 @@
-"""What the trainer supplies beyond log-probs (thinkrl/proximal.py), and the sampler's precision and
-staleness (thinkrl/sampler.py), checked against brute-force full-vocabulary computations on the tiny model."""
+"""What the trainer supplies beyond log-probs (thinkrl/learner/old_policy.py), and the sampler's precision and
+staleness (thinkrl/rollout/policy_copy.py), checked against brute-force full-vocabulary computations on the tiny model."""
 
 import pytest
 import torch
 from test_cli_e2e import invoke, tiny_args
 
-from thinkrl.batch import token_logprobs
 from thinkrl.config import Config
-from thinkrl.logs import read_jsonl
-from thinkrl.methods._common import js_divergence
-from thinkrl.proximal import old_policy
-from thinkrl.rollout import Completions, Sampling, generate
-from thinkrl.sampler import PolicySampler, fake_fp8
-from thinkrl.update import RolloutBatch
+from thinkrl.learner.logprobs import token_logprobs
+from thinkrl.learner.old_policy import old_policy
+from thinkrl.learner.batching import RolloutBatch
+from thinkrl.ops import js_divergence
+from thinkrl.rollout.completions import Completions, Sampling
+from thinkrl.rollout.engines.lean import generate
+from thinkrl.rollout.policy_copy import PolicySampler, fake_fp8
+from thinkrl.run.jsonl import read_jsonl
 
 PROMPTS = [[7, 8, 9, 10], [11, 12, 13]]
 
@@ -184,7 +185,7 @@ def test_staleness_and_sampler_old_policy_resume_exactly(tiny_model_dir, tmp_pat
 
 
 def test_micro_batches_cap_padded_tokens_and_keep_groups_together():
-    from thinkrl.proximal import micro_batches
+    from thinkrl.learner.old_policy import micro_batches
 
     lengths = torch.tensor([10, 300, 20, 250, 5, 5, 400, 1])  # two groups of 4
     plain = micro_batches(torch.arange(8), lengths, 8, 4)

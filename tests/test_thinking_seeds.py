@@ -1,4 +1,4 @@
-"""Thinking Seeds: the loss (methods.md 3.5), the checkpoint pool, seeded rollouts and resume (thinkrl/seeds.py)."""
+"""Thinking Seeds: the loss (methods.md 3.5), the checkpoint pool, seeded rollouts and resume (thinkrl/rollout/seeds.py)."""
 
 import math
 from types import SimpleNamespace
@@ -8,14 +8,15 @@ import torch
 from test_cli_e2e import invoke, tiny_args
 from test_supply_and_sampler import PROMPTS, tiny
 
-from thinkrl.batch import TokenBatch, token_logprobs
+from thinkrl.batch import TokenBatch
 from thinkrl.config import SeedsConfig
-from thinkrl.configure import load_config, resolve
-from thinkrl.logs import read_jsonl
+from thinkrl.config.load import load_config, resolve
+from thinkrl.learner.logprobs import token_logprobs
 from thinkrl.methods import get_method
-from thinkrl.rollout import Sampling
-from thinkrl.sampler import PolicySampler
-from thinkrl.seeds import SeedPool, seeded_generate
+from thinkrl.rollout.completions import Sampling
+from thinkrl.rollout.policy_copy import PolicySampler
+from thinkrl.rollout.seeds import SeedPool, seeded_generate
+from thinkrl.run.jsonl import read_jsonl
 
 
 def batch_with_prefix(prefix, logp_theta, logp_old, logp_behav, adv, mask=None):
@@ -134,10 +135,10 @@ def test_seeded_prefixes_come_from_the_historical_adapter(tiny_model_dir):
     assert len(seeded) > 0 and (comp.seed_step[seeded] == 0).all() and (comp.seed_step[comp.prefix_len == 0] == -1).all()
     prompts = [PROMPTS[i // 3] for i in range(6)]
     with torch.no_grad():
-        now, _ = token_logprobs(policy, prompts, comp.tokens, comp.mask, 0, 1.0)
+        now = token_logprobs(policy, prompts, comp.tokens, comp.mask, 0, 1.0).logp
         current = sampler.snapshot()
         sampler._load(history)
-        then, _ = token_logprobs(policy, prompts, comp.tokens, comp.mask, 0, 1.0)
+        then = token_logprobs(policy, prompts, comp.tokens, comp.mask, 0, 1.0).logp
         sampler._load(current)
     prefix, cont = comp.prefix_mask & comp.mask, comp.mask & ~comp.prefix_mask
     assert torch.allclose(comp.behav_logp[prefix], then[prefix], atol=1e-4)  # written by the historical adapter

@@ -39,7 +39,7 @@ def train(
     plugins: Path | None = typer.Option(None, "--plugins", help="Directory of extra method files."),
 ) -> None:
     """Train a policy with GRPO-family RL. With no arguments: bundled model, built-in arithmetic, grpo."""
-    from thinkrl.configure import load_config
+    from thinkrl.config.load import load_config
     from thinkrl.methods import load_plugins
     from thinkrl.train import train as run_train
 
@@ -79,8 +79,9 @@ def eval_(
     as_json: bool = typer.Option(False, "--json", help="Print the summaries as JSON."),
 ) -> None:
     """Evaluate a model or a training run: avg@n, pass@k and maj@n per dataset."""
-    from thinkrl.configure import load_config
-    from thinkrl.evaluate import EvalSettings, evaluate
+    from thinkrl.config.load import load_config
+    from thinkrl.evaluation.evaluate import evaluate
+    from thinkrl.evaluation.settings import EvalSettings
 
     if limit < 0 or batch_size < 1:
         raise UserError("--limit must be >= 0 and --batch-size >= 1")
@@ -103,7 +104,7 @@ def eval_(
 def _print_table(summaries: list[dict]) -> None:
     from rich.table import Table
 
-    from thinkrl.logs import console
+    from thinkrl.run.console import console
 
     keys = list(dict.fromkeys(k for s in summaries for k in s["metrics"] if not k.endswith(("_low", "_high"))))
     table = Table(title="thinkrl eval")
@@ -143,8 +144,8 @@ def plot(
     title: str | None = typer.Option(None, "--title"),
 ) -> None:
     """Plot reward, entropy, completion length, clip/mask fractions and eval accuracy against step."""
-    from thinkrl.plot import plot_runs
-    from thinkrl.runs import load_runs
+    from thinkrl.run.plot import plot_runs
+    from thinkrl.run.readers import load_runs
 
     if smooth < 1:
         raise UserError("--smooth must be >= 1 (1 = no smoothing)")
@@ -161,8 +162,8 @@ def compare(
     """A table of final and best values per run: reward, entropy, length, clip/mask fractions, eval accuracy."""
     from rich.table import Table
 
-    from thinkrl.logs import console
-    from thinkrl.runs import compare_rows, load_runs
+    from thinkrl.run.console import console
+    from thinkrl.run.readers import compare_rows, load_runs
 
     if tail < 1:
         raise UserError("--tail must be >= 1")
@@ -185,8 +186,8 @@ def show(
     """Print a step's completions with their rewards and advantages, grouped by prompt."""
     from rich.markup import escape
 
-    from thinkrl.logs import console
-    from thinkrl.runs import rollout_groups
+    from thinkrl.run.console import console
+    from thinkrl.run.readers import rollout_groups
 
     step, found = rollout_groups(run_dir, step)
     console.print(f"[bold]{run_dir}[/] step {step}: {len(found)} groups")
@@ -211,7 +212,7 @@ def export(
     dtype: str = typer.Option("float32", "--dtype", help="float32 | bfloat16 | float16 (weights of a merged model)."),
 ) -> None:
     """Export a checkpoint: a peft adapter, or with --merge a model AutoModelForCausalLM (and vLLM) load."""
-    from thinkrl.export import export as run_export
+    from thinkrl.run.export import export as run_export
 
     if dtype not in ("float32", "bfloat16", "float16"):
         raise UserError(f"--dtype {dtype}: choose float32, bfloat16 or float16")

@@ -17,6 +17,7 @@ import warnings
 from pathlib import Path
 
 import torch
+from torch import Tensor
 
 from thinkrl.config import LoraConfig, ModelConfig
 from thinkrl.errors import UserError
@@ -192,3 +193,32 @@ def parameter_counts(model) -> tuple[int, int]:
     total = sum(p.numel() for p in model.parameters())
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     return trainable, total
+
+
+# ---------------------------------------------------------------- feeding prompts to a model
+
+
+def left_pad(prompts: list[list[int]], pad_id: int, device) -> tuple[Tensor, Tensor, Tensor]:
+    """Left-padded prompt ids, attention mask and position ids, each (U, Lp)."""
+    Lp = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), Lp), pad_id, dtype=torch.long)
+    attn = torch.zeros((len(prompts), Lp), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, Lp - len(p) :] = torch.tensor(p)
+        attn[i, Lp - len(p) :] = 1
+    ids, attn = ids.to(device), attn.to(device)
+    return ids, attn, (attn.cumsum(-1) - 1).clamp(min=0)
+
+
+def cache_kwarg(model) -> str:
+    """transformers renamed `past_key_values` to `cache` in 5.x; accept both."""
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def eos_ids(model, tok) -> list[int]:
+    """Every id that ends a completion: the generation config's EOS ids and the tokenizer's."""
+    ids = model.generation_config.eos_token_id if getattr(model, "generation_config", None) else None
+    ids = [ids] if isinstance(ids, int) else list(ids or [])
+    return sorted(set(ids + ([tok.eos_token_id] if tok.eos_token_id is not None else [])))

@@ -26,20 +26,23 @@ from pathlib import Path
 
 import torch
 
-from thinkrl import checkpoint, distributed, faults, records, trackers
-from thinkrl.advantages import compute_advantages
-from thinkrl.batch import PolicyLogProbs
-from thinkrl.collect import collect
+from thinkrl import distributed
 from thinkrl.config import Config
-from thinkrl.configure import resolve, save_config
+from thinkrl.config.load import resolve, save_config
 from thinkrl.data import build_prompts, load_problems
 from thinkrl.errors import UserError
-from thinkrl.evaluate import eval_during_training
-from thinkrl.logs import JsonlLog, console, progress, step_line
+from thinkrl.evaluation.evaluate import eval_during_training
+from thinkrl.learner.advantages import compute_advantages
+from thinkrl.learner.batching import RolloutBatch
+from thinkrl.learner.logprobs import PolicyLogProbs
+from thinkrl.learner.update import UpdateContext, update
 from thinkrl.methods import get_method
-from thinkrl.models import load_base, load_policy, parameter_counts
-from thinkrl.sampler import PolicySampler
-from thinkrl.update import RolloutBatch, update
+from thinkrl.models import eos_ids, load_base, load_policy, parameter_counts
+from thinkrl.rollout.collect import collect
+from thinkrl.rollout.policy_copy import PolicySampler
+from thinkrl.run import checkpoint, faults, records, trackers
+from thinkrl.run.console import console, progress, step_line
+from thinkrl.run.jsonl import JsonlLog
 from thinkrl.verifier import load_grader
 
 
@@ -60,12 +63,6 @@ def lr_lambda(cfg, total: int):
         return {"constant": 1.0, "linear": 1.0 - frac, "cosine": 0.5 * (1 + math.cos(math.pi * frac))}[cfg.schedule]
 
     return f
-
-
-def eos_ids(model, tok) -> list[int]:
-    ids = model.generation_config.eos_token_id if getattr(model, "generation_config", None) else None
-    ids = [ids] if isinstance(ids, int) else list(ids or [])
-    return sorted(set(ids + ([tok.eos_token_id] if tok.eos_token_id is not None else [])))
 
 
 def prepare_data(cfg: Config, tok, run_dir: Path):
@@ -125,6 +122,7 @@ def train(cfg: Config, resume: bool = False) -> Path:
     model, optimizer, scheduler = accelerator.prepare(PolicyLogProbs(policy), optimizer, scheduler)
     policy = accelerator.unwrap_model(model).policy
     ref_model = _reference(cfg, policy, device) if "ref_logp" in method.requires else None
+    learner = UpdateContext(model, method, optimizer, scheduler, accelerator, cfg, tok.pad_token_id, ref_model)
     trackers.start(accelerator, cfg)
     start = 0
     metrics_log, rollouts_log = JsonlLog(run_dir / "metrics.jsonl"), JsonlLog(run_dir / "rollouts.jsonl")
@@ -182,7 +180,7 @@ def train(cfg: Config, resume: bool = False) -> Path:
                     if rc.mask_truncated:  # DAPO's overlong filtering: truncated completions teach nothing
                         comp = replace(comp, mask=comp.mask & ~comp.truncated[:, None])
                     rb = RolloutBatch([p.ids for p in samples.prompts for _ in range(rc.group_size)], comp, adv.to(device), rc.group_size)
-                    upd = update(model, method, optimizer, scheduler, accelerator, rb, cfg, pad, generator, ref_model)
+                    upd = update(learner, rb, generator)
                 nonfinite = faults.nonfinite_streak(nonfinite, upd)
                 t3 = time.perf_counter()
 
@@ -240,7 +238,7 @@ def _use_config_hyperparameters(optimizer, scheduler, tc, total_updates: int) ->
 
 
 def _seed_pool(cfg: Config, run_dir: Path):
-    from thinkrl.seeds import SeedPool
+    from thinkrl.rollout.seeds import SeedPool
 
     on_disk = cfg.seeds.storage == "disk" or (cfg.seeds.storage == "auto" and cfg.model.lora.rank == 0)
     return SeedPool(cfg.seeds, run_dir / "seeds", on_disk)
@@ -248,7 +246,7 @@ def _seed_pool(cfg: Config, run_dir: Path):
 
 def _sampler_records(method, cfg: Config) -> dict:
     """What the sampler must record while decoding: with train.old_policy=sampler its distribution stands
-    in for pi_old, so a method's top-K proposal and old entropy come from there (thinkrl/proximal.py)."""
+    in for pi_old, so a method's top-K proposal and old entropy come from there (thinkrl/learner/old_policy.py)."""
     if cfg.train.old_policy != "sampler":
         return {}
     needs = method.requires

@@ -17,7 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from thinkrl.methods import Method, register
-from thinkrl.methods._common import Aggregation, masked_mean, reduce
+from thinkrl.methods._common import Aggregation, reduce
+from thinkrl.ops import masked_mean
 
 
 @dataclass

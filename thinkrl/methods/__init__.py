@@ -2,10 +2,11 @@
 
     from thinkrl.methods import get_method, available_methods
     m = get_method("grpo", clip_high=0.28)   # unknown name or field -> UserError naming it
-    loss, metrics = m.loss(batch)            # batch: thinkrl.batch.TokenBatch
+    loss, metrics = m.loss(batch)            # batch: thinkrl.batch.TokenBatch -> (scalar, detached metrics)
 
 A method is a `Method` subclass decorated with `@register("name")`, holding a dataclass `Config` of its
-own hyperparameters and a `loss(batch)` that sees tensors only. Every module in this package is imported
+own hyperparameters (usually a subclass of `_common.ClipConfig` or `_common.Reduction` that overrides
+defaults) and a `loss(batch)` that sees tensors only. Every module in this package is imported
 on first use, so a new method is a new file. `load_plugins(DIR)` adds a user's directory and the
 `thinkrl.methods` entry-point group adds installed packages. Registering a name twice is an error that
 names both files.
@@ -21,13 +22,17 @@ import inspect
 import pkgutil
 import sys
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from torch import Tensor
 
+from thinkrl.config.typecheck import build, closest, field_docs
 from thinkrl.errors import UserError
-from thinkrl.typecheck import build, closest, field_docs
 
+if TYPE_CHECKING:
+    from thinkrl.batch import TokenBatch
+
+SHARED = ("anchor", "clip_low", "clip_high", "dual_clip", "aggregation", "norm_length")  # the _common base fields
 _REGISTRY: dict[str, type[Method]] = {}
 _SOURCES: dict[str, str] = {}
 _discovered = False
@@ -38,6 +43,8 @@ class Method:
 
     name: ClassVar[str] = ""
     Config: ClassVar[type] = object
+    cfg: Any
+    """The Config instance; subclasses annotate it with their own Config type."""
     advantage: ClassVar[str] = "grpo"
     """Advantage estimator used when `advantage.estimator: auto` (grpo, no_std or rloo)."""
     reinforce_on_policy: ClassVar[bool] = True
@@ -61,7 +68,12 @@ class Method:
         """K of the top-K proposal fields (topk_ids, topk_old_logp, topk_logp) when `requires` lists them."""
         return 0
 
-    def begin_step(self, view) -> dict[str, Tensor]:
+    @property
+    def js_reference(self) -> str:
+        """For token_js: the mean distribution each position is compared with, 'batch' or 'response'."""
+        return "batch"
+
+    def begin_step(self, view: TokenBatch) -> dict[str, Tensor]:
         """Called once per training step, before the first update, with a detached TokenBatch `view` of the
         whole rollout batch: logp == old_logp, behav_logp, advantages, mask, and old_entropy when `requires`
         lists it. Controllers set their per-step state here (STARE's entropy gate, AIS's mixing
@@ -69,7 +81,8 @@ class Method:
         The trainer runs a no-grad pass for old_logp before this when a method overrides it."""
         return {}
 
-    def loss(self, batch) -> tuple[Tensor, dict[str, Tensor]]:
+    def loss(self, batch: TokenBatch) -> tuple[Tensor, dict[str, Tensor]]:
+        """The scalar loss to minimise and detached metrics (keys like 'clip/frac', 'ratio/mean')."""
         raise NotImplementedError
 
     def state_dict(self) -> dict[str, Any]:
@@ -81,7 +94,8 @@ class Method:
             raise ValueError(f"method {self.name} has no state but got {sorted(state)}")
 
     def config_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self.cfg)
+        """The resolved hyperparameters, the method's own first (as `help` lists them)."""
+        return {f.name: getattr(self.cfg, f.name) for f in _ordered_fields(self.Config)}
 
     @classmethod
     def summary(cls) -> str:
@@ -94,10 +108,15 @@ class Method:
         module = sys.modules.get(cls.__module__)
         lines = [inspect.getdoc(module) or "", "", "Config fields (set with -o method.<field>=<value>):"]
         docs = field_docs(cls.Config)
-        for f in dataclasses.fields(cls.Config):
+        for f in _ordered_fields(cls.Config):
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
             lines.append(f"  {f.name} = {default!r}    {docs.get(f.name, '')}".rstrip())
         return "\n".join(lines)
+
+
+def _ordered_fields(config: type) -> list[dataclasses.Field]:
+    """A Config's fields, the method's own first, then those of the shared bases (methods/_common.py)."""
+    return sorted(dataclasses.fields(config), key=lambda f: SHARED.index(f.name) if f.name in SHARED else -1)
 
 
 def register(name: str):

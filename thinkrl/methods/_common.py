@@ -1,4 +1,9 @@
-"""Pieces shared by the policy losses: ratios, the clipped surrogate, KL, aggregation.
+"""What the policy losses share: the config bases, the clipped surrogate, the sequence ratio, aggregation.
+
+A method file holds its Config (a subclass of `Reduction` or `ClipConfig` that overrides defaults and adds
+its own fields) and its loss, which usually ends with `reduce(per_token, batch, cfg)`. Tensor helpers that
+the trainer uses too (masked_mean, log_ratio, masked_quantile, js_divergence, ...) live in thinkrl/ops.py
+and are re-exported here, so `from thinkrl.methods._common import masked_mean` keeps working for plugins.
 
 Notation (see thinkrl/batch.py): B sequences, T completion positions. Every per-token tensor is (B, T)
 and has already been zero-filled at mask == 0 positions by TokenBatch, so nothing here can leak junk from
@@ -7,21 +12,127 @@ padding into the loss or the gradient.
 
 from __future__ import annotations
 
-import dataclasses
-import math
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
 from torch import Tensor
 
+from thinkrl.batch import TokenBatch
+from thinkrl.ops import (  # noqa: F401  (re-exported for plugins)
+    LOG_RATIO_LIMIT,
+    exclusive_cumsum,
+    js_divergence,
+    log_ratio,
+    masked_mean,
+    masked_quantile,
+    valid_positions,
+)
+
 Aggregation = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
+LOG_SEQ_RATIO_MAX = 10.0  # verl's cap on GSPO's log s_it, so exp cannot overflow
 
-LOG_RATIO_LIMIT = 20.0  # clamp log-ratios before exp, as verl does, so one token cannot overflow
+
+# ---------------------------------------------------------------- config bases
 
 
-def log_ratio(logp: Tensor, other: Tensor) -> Tensor:
-    """log(pi / other), clamped to [-20, 20].  # (B, T)"""
-    return (logp - other).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
+@dataclass
+class Reduction:
+    """The fields of every method that ends with `reduce()`."""
+
+    aggregation: Aggregation = "seq-mean-token-mean"
+    """How per-token losses become one scalar: token-mean, seq-mean-token-mean, seq-mean-token-sum, seq-mean-token-sum-norm."""
+    norm_length: int = 0
+    """Constant L for seq-mean-token-sum-norm; 0 = rollout.max_new_tokens."""
+
+    def __post_init__(self) -> None:
+        if self.norm_length < 0:
+            raise ValueError(f"norm_length must be >= 0 (0 = rollout.max_new_tokens), got {self.norm_length}")
+
+
+@dataclass
+class Clip:
+    """PPO's ratio window [1 - clip_low, 1 + clip_high] and an optional dual clip."""
+
+    clip_low: float = 0.2
+    """Lower clip: the ratio is clipped at 1 - clip_low."""
+    clip_high: float = 0.2
+    """Upper clip: the ratio is clipped at 1 + clip_high (DAPO's clip-higher uses 0.28)."""
+    dual_clip: float = 0.0
+    """Dual-clip ratio c > 1 for negative advantages: the loss is capped at -c A (verl uses 3); 0 = off."""
+
+    def __post_init__(self) -> None:
+        parent = getattr(super(), "__post_init__", None)  # Reduction's, in ClipConfig
+        if parent is not None:
+            parent()
+        for name in ("clip_low", "clip_high"):
+            value = getattr(self, name)
+            if value is not None and not value >= 0:  # None: a host's value, filled in by the subclass
+                raise ValueError(f"{name} must be >= 0, got {value}")
+        if self.dual_clip and not self.dual_clip > 1:
+            raise ValueError(f"dual_clip must be > 1 (or 0 = off), got {self.dual_clip}")
+
+
+@dataclass
+class ClipConfig(Clip, Reduction):
+    """The clipped host: GRPO's surrogate and a reduction. Methods built on it subclass this and override
+    only the defaults they change."""
+
+
+@dataclass
+class AnchoredConfig(Reduction):
+    """Methods whose trust region is measured against mu, the sampler (DPPO, CPPO, DRPO)."""
+
+    anchor: Literal["behav", "old"] = "behav"
+    """mu: behav = the sampler's log-probs (bypass mode, the papers' choice); old = pi_old (the recompute or
+    "replay" variant)."""
+
+
+def anchored_ratio(batch: TokenBatch, cfg: AnchoredConfig) -> tuple[Tensor, Tensor]:
+    """r = pi_theta / mu (B, T), differentiable, and log mu (B, T), detached, for cfg.anchor."""
+    anchor = batch.behav_logp if cfg.anchor == "behav" else batch.old_logp
+    return log_ratio(batch.logp, anchor).exp(), anchor
+
+
+@dataclass
+class HostedConfig(ClipConfig):
+    """A plug-in on a clipped host method (sis, thinking_seeds): clip_low, clip_high and, where a subclass
+    leaves it None, aggregation default to the host's own Config. Subclasses declare `host`, a Literal of
+    the host method names they accept."""
+
+    clip_low: float | None = None  # type: ignore[assignment]  (None until __post_init__ fills in the host's)
+    """Lower clip, at 1 - clip_low; None = the host's."""
+    clip_high: float | None = None  # type: ignore[assignment]
+    """Upper clip, at 1 + clip_high; None = the host's."""
+
+    def __post_init__(self) -> None:
+        import typing
+
+        name = getattr(self, "host")  # noqa: B009  (declared by each subclass, with its own choices)
+        hosts = typing.get_args(typing.get_type_hints(type(self))["host"])
+        if name not in hosts:
+            raise ValueError(f"host must be one of {', '.join(hosts)}, got {name!r}")
+        host = host_config(name)
+        # resolved here, so config_dict() and the run's saved config show the values actually used
+        for name in ("clip_low", "clip_high", "aggregation"):
+            if getattr(self, name) is None:
+                setattr(self, name, getattr(host, name))
+        super().__post_init__()
+        if not 0 <= self.clip_low <= 1:  # type: ignore[operator]
+            raise ValueError(f"clip_low must be in [0, 1] (the lower bound 1 - clip_low stays >= 0), got {self.clip_low}")
+
+
+def host_config(name: str) -> ClipConfig:
+    """The default Config of a clipped host method (grpo, dapo, gspo)."""
+    from thinkrl.methods import method_class  # late: the registry imports every method module
+
+    cfg = method_class(name).Config()
+    if not isinstance(cfg, ClipConfig):
+        raise ValueError(f"{name} is not a clipped host method")
+    return cfg
+
+
+# ---------------------------------------------------------------- surrogates
 
 
 def clipped_surrogate(ratio: Tensor, adv: Tensor, clip_low: float, clip_high: float) -> tuple[Tensor, Tensor]:
@@ -34,17 +145,59 @@ def clipped_surrogate(ratio: Tensor, adv: Tensor, clip_low: float, clip_high: fl
     return torch.maximum(unclipped, clipped), clipped > unclipped
 
 
-def dual_clip(per_token: Tensor, adv: Tensor, c: float) -> tuple[Tensor, Tensor]:
+def dual_clip(per_token: Tensor, adv: Tensor, c: float | Tensor) -> tuple[Tensor, Tensor]:
     """For A < 0 cap the loss at -c A (ratio c), verl's dual clip; returns the loss and where it applied."""
     cap = -adv * c  # (B, T)
     hit = (adv < 0) & (per_token > cap)
     return torch.where(hit, cap, per_token), hit
 
 
+def clip_metrics(clipped: Tensor, ratio: Tensor, mask: Tensor, ratio_key: str | None = "ratio/mean") -> dict[str, Tensor]:
+    """clip/frac (share of valid tokens whose gradient the clip removed), split by side, and the mean ratio."""
+    metrics = {
+        "clip/frac": masked_mean(clipped, mask),
+        "clip/low_frac": masked_mean(clipped & (ratio < 1), mask),
+        "clip/high_frac": masked_mean(clipped & (ratio > 1), mask),
+    }
+    if ratio_key:
+        metrics[ratio_key] = masked_mean(ratio, mask)
+    return metrics
+
+
+def clipped_loss(ratio: Tensor, batch: TokenBatch, cfg: Clip, trained: Tensor | None = None,
+                 ratio_key: str | None = "ratio/mean") -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+    """The clipped host's per-token loss (B, T) with its dual clip, where the clip removed the gradient
+    (B, T), and the clip metrics. `trained` (B, T): the tokens a selecting method keeps, so clip/* counts
+    only gradient the clip really removed."""
+    adv, mask = batch.advantages, batch.mask
+    per_token, clipped = clipped_surrogate(ratio, adv, cfg.clip_low, cfg.clip_high)  # (B, T)
+    if trained is not None:
+        clipped = clipped & trained
+    metrics = clip_metrics(clipped, ratio, mask, ratio_key)
+    if cfg.dual_clip:
+        per_token, hit = dual_clip(per_token, adv, cfg.dual_clip)  # (B, T)
+        metrics["clip/dual_frac"] = masked_mean(hit, mask)
+    return per_token, clipped, metrics
+
+
+def sequence_ratio(log_r: Tensor, logp: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+    """GSPO's token-form sequence ratio s_it (B, T) and log s_i (B,), detached.
+
+    log s_i = the mean of sequence i's token log-ratios over its own mask (micro-batches split rows, never
+    positions, so it does not depend on the cut); s_it has the value s_i at every token and the gradient of
+    log pi_theta(y_t), capped at log s_it <= 10 so exp cannot overflow."""
+    log_s = torch.where(mask, log_r.detach(), 0.0).sum(-1) / mask.sum(-1).clamp(min=1)  # (B,)
+    log_s_tok = (log_s[:, None] + logp - logp.detach()).clamp(max=LOG_SEQ_RATIO_MAX)  # (B, T)
+    return torch.exp(log_s_tok), log_s
+
+
 def k3_kl(logp: Tensor, ref_logp: Tensor) -> Tensor:
     """k3 estimator of KL(pi || ref): ref/pi - log(ref/pi) - 1, clamped to [-10, 10].  # (B, T)"""
     d = (ref_logp - logp).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
     return (torch.exp(d) - d - 1.0).clamp(-10.0, 10.0)
+
+
+# ---------------------------------------------------------------- aggregation
 
 
 def aggregate(
@@ -55,7 +208,7 @@ def aggregate(
     num_seqs: int,
     norm_length: int | None = None,
 ) -> Tensor:
-    """Reduce a (B, T) per-token loss to a scalar (methods.md 1.4).
+    """Reduce a (B, T) per-token loss to a scalar.
 
     num_tokens / num_seqs are global counts over the whole update batch, so summing the results of
     micro-batches reproduces the full-batch value exactly, however the batch was split.
@@ -75,93 +228,15 @@ def aggregate(
     raise ValueError(f"unknown aggregation {mode!r}")
 
 
-def reduce(per_token: Tensor, batch, cfg) -> Tensor:
-    """The last line of every method: apply rollout-correction weights, then aggregate.
+def reduce(per_token: Tensor, batch: TokenBatch, cfg: Reduction) -> Tensor:
+    """The last line of a method's loss: apply the rollout-correction weights, then aggregate.
 
     `batch.is_weights` (TIS/MIS, set by the trainer from the `correction` config) multiplies the per-token
-    loss, so the correction works with any method; `cfg.aggregation` and `cfg.norm_length` pick the mode.
+    loss, so the correction works with any method. norm_length 0 means the padded length T: the trainer's
+    config resolution replaces it with rollout.max_new_tokens before any loss runs, so the fallback serves
+    direct calls (tests, notebooks) and is verl's default constant; micro-batches cut along B keep T.
     """
     if batch.is_weights is not None:
         per_token = per_token * batch.is_weights
-    return aggregate(per_token, batch.mask, cfg.aggregation, batch.num_tokens, batch.num_seqs, getattr(cfg, "norm_length", 0) or None)
-
-
-def check_common(cfg) -> None:
-    """Checks every method Config shares: clip widths and the constant L of seq-mean-token-sum-norm >= 0."""
-    for name in ("clip_low", "clip_high"):
-        value = getattr(cfg, name, None)
-        if value is not None and value < 0:
-            raise ValueError(f"{name} must be >= 0, got {value}")
-    if getattr(cfg, "norm_length", 0) < 0:
-        raise ValueError(f"norm_length must be >= 0 (0 = rollout.max_new_tokens), got {cfg.norm_length}")
-
-
-def masked_mean(x: Tensor, mask: Tensor) -> Tensor:
-    """Mean of x over mask == 1 positions of this (micro-)batch, detached; 0 when empty."""
-    x = torch.where(mask, x.detach().float(), 0.0)
-    return x.sum() / mask.sum().clamp(min=1)
-
-
-def with_norm_length(cfg, batch):
-    """`cfg` with norm_length 0 replaced by the batch's padded length T when the mode needs it.
-
-    The trainer's `resolve()` sets norm_length = rollout.max_new_tokens before any loss runs; this fallback
-    only serves direct calls (tests, notebooks), and uses verl's default constant (the padded response
-    length). Micro-batches split along B keep T, so the fallback is the same for every part.
-    """
-    if cfg.aggregation != "seq-mean-token-sum-norm" or getattr(cfg, "norm_length", 0):
-        return cfg
-    return dataclasses.replace(cfg, norm_length=batch.mask.shape[-1])
-
-
-def valid_positions(mask: Tensor) -> Tensor:
-    """n_t = number of mask == 1 tokens at or before t (1-indexed on valid tokens; methods.md 1.1).  # (B, T)
-
-    Padding and tool/observation tokens do not advance the count; at mask == 0 positions the value is the
-    count so far, so callers multiply by the mask where it matters.
-    """
-    return mask.long().cumsum(-1)
-
-
-def exclusive_cumsum(x: Tensor) -> Tensor:
-    """Prefix sums that stop before t: out[..., t] = sum_{j<t} x[..., j], out[..., 0] = 0.  # (B, T)"""
-    return torch.cat([torch.zeros_like(x[..., :1]), x.cumsum(-1)[..., :-1]], dim=-1)
-
-
-def masked_quantile(x: Tensor, mask: Tensor, q: float, dim: int | None = None) -> Tensor:
-    """The q-quantile of x over mask == 1 entries, detached, by torch.quantile's default rule (linear).
-
-    dim None: one value over the whole tensor (0-dim); dim -1: one value per row (B,), each over that
-    row's own valid entries. Rank q (n - 1) is interpolated between its neighbours with torch.lerp, as
-    torch.quantile does, without torch.quantile's 2**24-element limit or its lack of a mask. An empty
-    selection gives 0. Entries at mask == 0 are never read, so junk there cannot leak in.
-    """
-    if dim not in (None, -1):
-        raise ValueError("masked_quantile: dim must be None or -1")
-    if not 0.0 <= q <= 1.0:
-        raise ValueError(f"masked_quantile: q must be in [0, 1], got {q}")
-    x = x.detach().float()
-    if dim is None:
-        x, mask = x.reshape(1, -1), mask.reshape(1, -1)
-    n = mask.sum(-1)  # (R,)
-    ordered = torch.where(mask, x, torch.inf).sort(-1).values  # (R, N) valid entries first, ascending
-    last = (n - 1).clamp(min=0)  # (R,)
-    rank = q * last.to(x.dtype)  # (R,)
-    below = rank.long()  # floor: rank >= 0
-    above = torch.minimum(below + 1, last)  # (R,)
-    lo = ordered.gather(-1, below[:, None]).squeeze(-1)  # (R,)
-    hi = ordered.gather(-1, above[:, None]).squeeze(-1)  # (R,)
-    out = torch.where(n > 0, torch.lerp(lo, hi, rank - below.to(x.dtype)), 0.0)  # (R,)
-    return out[0] if dim is None else out
-
-
-def js_divergence(p: Tensor, q: Tensor) -> Tensor:
-    """Jensen-Shannon divergence over the last dim, natural log, 0 log 0 = 0: (..., V), (..., V) -> (...).
-
-    Broadcasts, so js_divergence(probs (N, V), mean (V,)) is each row's divergence to the mean (N,).
-    """
-    m = 0.5 * (p + q)
-    # xlogy(0, .) = 0: a zero entry of p (or q) contributes nothing, even where m is 0 too
-    kl_pm = (torch.xlogy(p, p) - torch.xlogy(p, m)).sum(-1)  # (...)
-    kl_qm = (torch.xlogy(q, q) - torch.xlogy(q, m)).sum(-1)  # (...)
-    return (0.5 * (kl_pm + kl_qm)).clamp(0.0, math.log(2.0))  # rounding can step just outside [0, ln 2]
+    norm_length = cfg.norm_length or batch.mask.shape[-1]
+    return aggregate(per_token, batch.mask, cfg.aggregation, batch.num_tokens or 0, batch.num_seqs or 0, norm_length)

@@ -49,22 +49,13 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from thinkrl.batch import TokenBatch
 from thinkrl.methods import Method, register
-from thinkrl.methods._common import (
-    Aggregation,
-    check_common,
-    clipped_surrogate,
-    dual_clip,
-    log_ratio,
-    masked_mean,
-    masked_quantile,
-    reduce,
-    with_norm_length,
-)
+from thinkrl.methods._common import ClipConfig, clipped_loss, log_ratio, masked_mean, masked_quantile, reduce
 
 
 @dataclass
-class Config:
+class Config(ClipConfig):
     cap: float = 2.0
     """C: truncation of rho in the loss weight (1 - alpha) + alpha min(rho, C)."""
     kappa: float = 0.05
@@ -77,19 +68,9 @@ class Config:
     """Smoothing of alpha across steps: alpha = ema alpha_prev + (1 - ema) alpha_batch; 0 = off (0.9 suggested)."""
     level: Literal["token", "sequence"] = "token"
     """Weights of the reliability R (and cv): per token, or per sequence exp(mean_t log rho_t)."""
-    clip_low: float = 0.2
-    """Lower clip: the ratio is clipped at 1 - clip_low."""
-    clip_high: float = 0.2
-    """Upper clip: the ratio is clipped at 1 + clip_high."""
-    dual_clip: float = 0.0
-    """Dual-clip ratio c > 1 for negative advantages; 0 = off (grpo's default)."""
-    aggregation: Aggregation = "seq-mean-token-mean"
-    """How per-token losses become one scalar (methods.md 1.4); grpo's default."""
-    norm_length: int = 0
-    """Constant L for seq-mean-token-sum-norm; 0 = rollout.max_new_tokens."""
-
     def __post_init__(self) -> None:
-        if self.cap <= 0:
+        super().__post_init__()
+        if not self.cap > 0:
             raise ValueError(f"cap must be > 0, got {self.cap}")
         if self.kappa <= 0:
             raise ValueError(f"kappa must be > 0, got {self.kappa}")
@@ -99,11 +80,6 @@ class Config:
             raise ValueError(f"alpha must be in [0, 1] or None (adaptive), got {self.alpha}")
         if not 0 <= self.ema < 1:
             raise ValueError(f"ema must be in [0, 1) (0 = off), got {self.ema}")
-        if self.clip_low < 0 or self.clip_high < 0:
-            raise ValueError("clip_low and clip_high must be >= 0")
-        if self.dual_clip and self.dual_clip <= 1:
-            raise ValueError(f"dual_clip must be > 1 (or 0 = off), got {self.dual_clip}")
-        check_common(self)
 
 
 def _pop_var(x: Tensor) -> Tensor:
@@ -165,6 +141,7 @@ class AIS(Method):
     """GRPO weighted by (1 - alpha) + alpha min(pi_old/mu, 2); alpha per step from reliability, severity, variance."""
 
     Config = Config
+    cfg: Config
 
     def __init__(self, **overrides) -> None:
         super().__init__(**overrides)
@@ -189,26 +166,13 @@ class AIS(Method):
         metrics["ais/alpha"] = torch.tensor(self.alpha)
         return metrics
 
-    def loss(self, batch):
-        c, mask, adv = self.cfg, batch.mask, batch.advantages
-        ratio = torch.exp(log_ratio(batch.logp, batch.old_logp))  # (B, T)
-        per_token, clipped = clipped_surrogate(ratio, adv, c.clip_low, c.clip_high)  # (B, T)
-        metrics = {}
-        if c.dual_clip:
-            per_token, dual = dual_clip(per_token, adv, c.dual_clip)  # (B, T)
-            metrics["clip/dual_frac"] = masked_mean(dual, mask)
+    def loss(self, batch: TokenBatch) -> tuple[Tensor, dict[str, Tensor]]:
+        c = self.cfg
+        ratio = log_ratio(batch.logp, batch.old_logp).exp()  # (B, T)
+        per_token, _, metrics = clipped_loss(ratio, batch, c)  # (B, T)
         w = ais_weights(batch.old_logp, batch.behav_logp, self.alpha, c.cap)  # (B, T); alpha = 0 gives exactly 1
-        per_token = per_token * w  # (B, T)
-        metrics.update(
-            {
-                "ais/weight_mean": masked_mean(w, mask),
-                "clip/frac": masked_mean(clipped, mask),
-                "clip/low_frac": masked_mean(clipped & (ratio < 1), mask),
-                "clip/high_frac": masked_mean(clipped & (ratio > 1), mask),
-                "ratio/mean": masked_mean(ratio, mask),
-            }
-        )
-        return reduce(per_token, batch, with_norm_length(c, batch)), metrics
+        metrics["ais/weight_mean"] = masked_mean(w, batch.mask)
+        return reduce(per_token * w, batch, c), metrics
 
     def state_dict(self) -> dict:
         return {"alpha": self.alpha_state, "started": self.started}

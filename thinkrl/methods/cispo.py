@@ -33,25 +33,25 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
+from torch import Tensor
 
+from thinkrl.batch import TokenBatch
 from thinkrl.methods import Method, register
-from thinkrl.methods._common import Aggregation, check_common, log_ratio, masked_mean, reduce, with_norm_length
+from thinkrl.methods._common import Aggregation, Reduction, clip_metrics, log_ratio, reduce
 
 
 @dataclass
-class Config:
+class Config(Reduction):
     clip_low: float = 10.0
     """The weight is clipped below at 1 - clip_low; any value >= 1 means no lower bound (the paper's choice)."""
     clip_high: float = 0.2
     """The weight is clipped above at 1 + clip_high (TRL's absolute cap 5.0 is clip_high=4.0)."""
     aggregation: Aggregation = "token-mean"
-    """How per-token losses become one scalar (methods.md 1.4); MiniMax-M1 uses token-mean."""
-    norm_length: int = 0
-    """Constant L for seq-mean-token-sum-norm; 0 = rollout.max_new_tokens."""
 
     def __post_init__(self) -> None:
-        check_common(self)
+        super().__post_init__()
+        if not (self.clip_low >= 0 and self.clip_high >= 0):
+            raise ValueError(f"clip_low and clip_high must be >= 0, got {self.clip_low} and {self.clip_high}")
 
 
 @register("cispo")
@@ -59,19 +59,13 @@ class CISPO(Method):
     """REINFORCE with a clipped, detached IS weight (cap 1.2): no token ever loses its gradient."""
 
     Config = Config
+    cfg: Config
 
-    def loss(self, batch):
-        c, mask = self.cfg, batch.mask
-        ratio = torch.exp(log_ratio(batch.logp, batch.old_logp)).detach()  # (B, T) the weight carries no gradient
-        low, high = ratio < 1.0 - c.clip_low, ratio > 1.0 + c.clip_high  # (B, T)
+    def loss(self, batch: TokenBatch) -> tuple[Tensor, dict[str, Tensor]]:
+        c = self.cfg
+        ratio = log_ratio(batch.logp, batch.old_logp).exp().detach()  # (B, T) the weight carries no gradient
+        truncated = (ratio < 1.0 - c.clip_low) | (ratio > 1.0 + c.clip_high)  # (B, T)
         weight = ratio.clamp(1.0 - c.clip_low, 1.0 + c.clip_high)  # (B, T)
         # the value is a weighted log-prob sum, meaningless by itself; the gradient -w A grad log pi is the point
         per_token = -weight * batch.advantages * batch.logp  # (B, T)
-        metrics = {
-            "clip/frac": masked_mean(low | high, mask),
-            "clip/low_frac": masked_mean(low, mask),
-            "clip/high_frac": masked_mean(high, mask),
-            "ratio/mean": masked_mean(ratio, mask),
-        }
-        # with_norm_length: L = padded T for seq-mean-token-sum-norm when called outside the trainer
-        return reduce(per_token, batch, with_norm_length(c, batch)), metrics
+        return reduce(per_token, batch, c), clip_metrics(truncated, ratio, batch.mask)

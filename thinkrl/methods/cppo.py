@@ -30,48 +30,42 @@ Confidence: EXACT-CODE (methods.md 2.11).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 from torch import Tensor
 
+from thinkrl.batch import TokenBatch
 from thinkrl.methods import Method, register
 from thinkrl.methods._common import (
     Aggregation,
-    check_common,
+    AnchoredConfig,
+    anchored_ratio,
     exclusive_cumsum,
-    log_ratio,
     masked_mean,
     masked_quantile,
     reduce,
     valid_positions,
-    with_norm_length,
 )
 
 
 @dataclass
-class Config:
+class Config(AnchoredConfig):
     delta: float = 0.15
     """Token-level Binary-TV threshold delta (paper: 0.15 dense, 0.20 for Qwen3-30B-A3B)."""
     w_min: float = 0.8
     """Position weight of a sequence's last token; weights fall linearly from 1 at the first."""
     b_min: float = 0.02
     """Floor of the per-sequence prefix budget clip(P90(D), b_min, 2 b_min)."""
-    anchor: Literal["behav", "old"] = "behav"
-    """mu: behav = the sampler's log-probs (the paper's choice); old = pi_old (UniRL's replay ablation)."""
     aggregation: Aggregation = "token-mean"
-    """How per-token losses become one scalar (methods.md 1.4)."""
-    norm_length: int = 0
-    """Constant L for seq-mean-token-sum-norm; 0 = rollout.max_new_tokens."""
 
     def __post_init__(self) -> None:
-        if self.delta <= 0:
+        super().__post_init__()
+        if not self.delta > 0:
             raise ValueError(f"delta must be > 0, got {self.delta}")
         if not 0 < self.w_min <= 1:
             raise ValueError(f"w_min must be in (0, 1], got {self.w_min}")
         if self.b_min < 0:
             raise ValueError(f"b_min must be >= 0, got {self.b_min}")
-        check_common(self)
 
 
 def thresholds(dist: Tensor, mask: Tensor, cfg: Config) -> tuple[Tensor, Tensor]:
@@ -91,12 +85,12 @@ class CPPO(Method):
     """DPPO-style Binary-TV mask with position-weighted thresholds and a cumulative per-sequence prefix budget."""
 
     Config = Config
+    cfg: Config
     advantage = "no_std"
 
-    def loss(self, batch):
+    def loss(self, batch: TokenBatch) -> tuple[Tensor, dict[str, Tensor]]:
         c, mask, adv = self.cfg, batch.mask, batch.advantages
-        anchor = batch.behav_logp if c.anchor == "behav" else batch.old_logp
-        ratio = torch.exp(log_ratio(batch.logp, anchor))  # (B, T)
+        ratio, anchor = anchored_ratio(batch, c)  # (B, T) pi_theta / mu, log mu
         with torch.no_grad():  # the trust region is a gate, never part of the gradient
             dist = (batch.logp.detach().float().exp() - anchor.float().exp()).abs()  # (B, T)
             z, thr = thresholds(dist, mask, c)  # (B, T)
@@ -104,7 +98,7 @@ class CPPO(Method):
             within = z <= thr  # (B, T)
             keep = toward_mu | within  # (B, T)
         per_token = -adv * ratio * keep  # (B, T)
-        loss = reduce(per_token, batch, with_norm_length(c, batch))
+        loss = reduce(per_token, batch, c)
         metrics = {
             "mask/frac": masked_mean(~keep, mask),
             # tokens inside the plain token threshold (Z <= delta) that the prefix budget still masked

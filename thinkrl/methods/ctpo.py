@@ -42,15 +42,16 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from thinkrl.batch import TokenBatch
 from thinkrl.methods import Method, register
-from thinkrl.methods._common import Aggregation, check_common, dual_clip, log_ratio, masked_mean, reduce, valid_positions, with_norm_length
+from thinkrl.methods._common import Aggregation, Reduction, clip_metrics, dual_clip, log_ratio, masked_mean, reduce, valid_positions
 
 LOG_CUM_MAX = 10.0  # cap on log R_t (the reference code's), so exp cannot overflow on long sequences
 DEFAULT_P = {"cumprod": 0.5, "geomean": -0.5}  # spread of a sum grows like sqrt(n), of a mean falls like 1/sqrt(n)
 
 
 @dataclass
-class Config:
+class Config(Reduction):
     variant: Literal["cumprod", "geomean"] = "cumprod"
     """Prefix weight: cumprod = product of the token ratios up to t; geomean = its n_t-th root."""
     bounds: Literal["log_position", "ratio"] = "log_position"
@@ -68,11 +69,9 @@ class Config:
     ratio_dual_clip: float = 3.0
     """Dual-clip ratio c > 1 for A < 0 (bounds=ratio only, verl's default 3); 0 = off."""
     aggregation: Aggregation = "token-mean"
-    """How per-token losses become one scalar (methods.md 1.4)."""
-    norm_length: int = 0
-    """Constant L for seq-mean-token-sum-norm; 0 = rollout.max_new_tokens."""
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.p is None:
             self.p = DEFAULT_P[self.variant]
         for name in ("eps_lo", "eps_hi"):
@@ -86,7 +85,6 @@ class Config:
             raise ValueError(f"ratio_clip must be in (0, 1), got {self.ratio_clip}")
         if self.ratio_dual_clip and self.ratio_dual_clip <= 1:
             raise ValueError(f"ratio_dual_clip must be > 1 (or 0 = off), got {self.ratio_dual_clip}")
-        check_common(self)
 
 
 def cumulative_log_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor, variant: str) -> tuple[Tensor, Tensor]:
@@ -116,8 +114,9 @@ class CTPO(Method):
     """Cumulative prefix importance ratio (gradient through the current token) with sqrt(position) log-space clip."""
 
     Config = Config
+    cfg: Config
 
-    def loss(self, batch):
+    def loss(self, batch: TokenBatch) -> tuple[Tensor, dict[str, Tensor]]:
         c, mask, adv = self.cfg, batch.mask, batch.advantages
         lam, n = cumulative_log_ratio(batch.logp, batch.old_logp, mask, c.variant)  # (B, T)
         # value Lambda_t, gradient of log pi_theta(y_t) alone: the prefix part of the weight is a constant
@@ -128,17 +127,11 @@ class CTPO(Method):
         unclipped = -adv * cum  # (B, T)
         clipped = -adv * torch.exp(torch.clamp(log_cum, lo, hi))  # (B, T) constant in theta where clipped
         per_token = torch.maximum(unclipped, clipped)  # (B, T)
-        was_clipped = clipped > unclipped  # (B, T)
-        metrics = {}
+        metrics = clip_metrics(clipped > unclipped, cum.detach(), mask, ratio_key="ratio/cum_mean")
         if dual is not None:
             per_token, hit = dual_clip(per_token, adv, torch.exp(dual))  # (B, T) cap -A exp(dual) for A < 0
             metrics["clip/dual_frac"] = masked_mean(hit, mask)
-        loss = reduce(per_token, batch, with_norm_length(c, batch))
         log_cum = log_cum.detach()
-        metrics["clip/frac"] = masked_mean(was_clipped, mask)
-        metrics["clip/low_frac"] = masked_mean(was_clipped & (log_cum < 0), mask)
-        metrics["clip/high_frac"] = masked_mean(was_clipped & (log_cum > 0), mask)
-        metrics["ratio/cum_mean"] = masked_mean(cum, mask)
         metrics["ratio/log_cum_mean"] = masked_mean(log_cum, mask)
         metrics["ratio/log_cum_abs_max"] = torch.where(mask, log_cum.abs(), 0.0).amax()
-        return loss, metrics
+        return reduce(per_token, batch, c), metrics

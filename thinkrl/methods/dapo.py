@@ -30,25 +30,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
+from torch import Tensor
 
+from thinkrl.batch import TokenBatch
 from thinkrl.methods import Method, register
-from thinkrl.methods._common import Aggregation, check_common, clipped_surrogate, log_ratio, masked_mean, reduce, with_norm_length
+from thinkrl.methods._common import Aggregation, ClipConfig, clipped_loss, log_ratio, reduce
 
 
 @dataclass
-class Config:
-    clip_low: float = 0.2
-    """Lower clip: the ratio is clipped at 1 - clip_low."""
+class Config(ClipConfig):
     clip_high: float = 0.28
-    """Upper clip (clip-higher): the ratio is clipped at 1 + clip_high."""
     aggregation: Aggregation = "token-mean"
-    """How per-token losses become one scalar (methods.md 1.4); DAPO's token-level loss is token-mean."""
-    norm_length: int = 0
-    """Constant L for seq-mean-token-sum-norm; 0 = rollout.max_new_tokens."""
-
-    def __post_init__(self) -> None:
-        check_common(self)
 
 
 @register("dapo")
@@ -56,16 +48,9 @@ class DAPO(Method):
     """Clip-higher (0.2/0.28), token-mean loss, no KL; dynamic sampling and overlong shaping in the trainer."""
 
     Config = Config
+    cfg: Config
 
-    def loss(self, batch):
-        c, mask = self.cfg, batch.mask
-        ratio = torch.exp(log_ratio(batch.logp, batch.old_logp))  # (B, T)
-        per_token, clipped = clipped_surrogate(ratio, batch.advantages, c.clip_low, c.clip_high)  # (B, T)
-        metrics = {
-            "clip/frac": masked_mean(clipped, mask),
-            "clip/low_frac": masked_mean(clipped & (ratio < 1), mask),
-            "clip/high_frac": masked_mean(clipped & (ratio > 1), mask),
-            "ratio/mean": masked_mean(ratio, mask),
-        }
-        # with_norm_length: L = padded T for seq-mean-token-sum-norm when called outside the trainer
-        return reduce(per_token, batch, with_norm_length(c, batch)), metrics
+    def loss(self, batch: TokenBatch) -> tuple[Tensor, dict[str, Tensor]]:
+        ratio = log_ratio(batch.logp, batch.old_logp).exp()  # (B, T)
+        per_token, _, metrics = clipped_loss(ratio, batch, self.cfg)  # (B, T)
+        return reduce(per_token, batch, self.cfg), metrics

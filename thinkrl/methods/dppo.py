@@ -36,15 +36,17 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
+from torch import Tensor
 
+from thinkrl.batch import TokenBatch
 from thinkrl.methods import Method, register
-from thinkrl.methods._common import Aggregation, check_common, log_ratio, masked_mean, reduce, with_norm_length
+from thinkrl.methods._common import Aggregation, AnchoredConfig, anchored_ratio, log_ratio, masked_mean, reduce
 
 DEFAULT_DELTA = {"tv": 0.15, "kl": 0.05}  # verl run_qwen30b_dppo.sh, both sides
 
 
 @dataclass
-class Config:
+class Config(AnchoredConfig):
     divergence: Literal["tv", "kl"] = "tv"
     """Trust region: tv = Binary-TV |pi - mu|, kl = Binary-KL of the sampled token's Bernoulli."""
     delta_low: float | None = None
@@ -53,14 +55,10 @@ class Config:
     """Threshold on the side where pi rises (A > 0); None = 0.15 for tv, 0.05 for kl."""
     ratio_cap: float = 10.0
     """Truncation C of the detached ratio min(pi/mu, C) (Stable-RL default 10; 1e4 = off, as in verl's example)."""
-    anchor: Literal["behav", "old"] = "behav"
-    """mu: behav = the sampler's log-probs (bypass mode, the paper's choice); old = pi_old (recompute variant)."""
     aggregation: Aggregation = "seq-mean-token-sum-norm"
-    """How per-token losses become one scalar (methods.md 1.4)."""
-    norm_length: int = 0
-    """Constant L for seq-mean-token-sum-norm; 0 = rollout.max_new_tokens."""
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.delta_low is None:
             self.delta_low = DEFAULT_DELTA[self.divergence]
         if self.delta_high is None:
@@ -71,9 +69,8 @@ class Config:
                 raise ValueError(f"{name} must be > 0, got {value}")
             if self.divergence == "tv" and value > 1:  # a TV distance between Bernoullis never exceeds 1
                 raise ValueError(f"{name} must be in (0, 1] with divergence=tv (1 = never mask), got {value}")
-        if self.ratio_cap <= 0:
+        if not self.ratio_cap > 0:
             raise ValueError(f"ratio_cap must be > 0, got {self.ratio_cap}")
-        check_common(self)
 
 
 @register("dppo")
@@ -81,12 +78,12 @@ class DPPO(Method):
     """Divergence trust region (Binary-TV or Binary-KL on pi - mu) with a truncated IS REINFORCE gradient."""
 
     Config = Config
+    cfg: Config
     advantage = "no_std"
 
-    def loss(self, batch):
+    def loss(self, batch: TokenBatch) -> tuple[Tensor, dict[str, Tensor]]:
         c, mask, adv = self.cfg, batch.mask, batch.advantages
-        anchor = batch.behav_logp if c.anchor == "behav" else batch.old_logp
-        ratio = torch.exp(log_ratio(batch.logp, anchor))  # (B, T)
+        ratio, anchor = anchored_ratio(batch, c)  # (B, T) pi_theta / mu, log mu
         with torch.no_grad():  # the trust region is a gate, never part of the gradient
             pi, mu = batch.logp.detach().float().exp(), anchor.float().exp()  # (B, T)
             if c.divergence == "tv":
@@ -98,7 +95,7 @@ class DPPO(Method):
                 keep = torch.where(adv > 0, (kl <= c.delta_high) | (pi <= mu), (kl <= c.delta_low) | (pi >= mu))  # (B, T)
             weight = ratio.detach().clamp(max=c.ratio_cap)  # (B, T)
         per_token = -adv * weight * batch.logp * keep  # (B, T)
-        loss = reduce(per_token, batch, with_norm_length(c, batch))
+        loss = reduce(per_token, batch, c)
         metrics = {
             "mask/frac": masked_mean(~keep, mask),
             "ratio/mean": masked_mean(ratio, mask),

@@ -25,21 +25,15 @@ loss_scale_factor); set norm_length when micro-batches may be padded to differen
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 from thinkrl.methods import grpo, register
-from thinkrl.methods._common import Aggregation, check_common, with_norm_length
+from thinkrl.methods._common import Aggregation
 
 
 @dataclass
 class Config(grpo.Config):
     aggregation: Aggregation = "seq-mean-token-sum-norm"
-    """How per-token losses become one scalar; Dr.GRPO divides the token sum by N * norm_length."""
-
-    def __post_init__(self) -> None:
-        super().__post_init__()  # grpo's clip and dual_clip checks
-        check_common(self)
 
 
 @register("dr_grpo")
@@ -47,11 +41,5 @@ class DrGRPO(grpo.GRPO):
     """GRPO without its length and difficulty biases: no-std advantages, token sums over a constant length."""
 
     Config = Config
+    cfg: Config
     advantage = "no_std"
-
-    def loss(self, batch):
-        # norm_length 0 outside the trainer (which fills in rollout.max_new_tokens): L = the padded length T
-        cfg = with_norm_length(self.cfg, batch)
-        if cfg is not self.cfg:
-            return type(self)(**dataclasses.asdict(cfg)).loss(batch)
-        return super().loss(batch)  # grpo's loss, which ends with _common.reduce

@@ -35,29 +35,26 @@ Confidence: EXACT-CODE + EXACT-PAPER (methods.md 3.6) for anchor=behav; anchor=o
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
+from torch import Tensor
 
+from thinkrl.batch import TokenBatch
 from thinkrl.methods import Method, register
-from thinkrl.methods._common import Aggregation, check_common, log_ratio, masked_mean, reduce, with_norm_length
+from thinkrl.methods._common import Aggregation, AnchoredConfig, anchored_ratio, masked_mean, reduce
 
 
 @dataclass
-class Config:
+class Config(AnchoredConfig):
     delta: float = 12.5
     """Regularisation threshold delta > 0 on |pi - mu| (paper 12.5; < 1 reaches the corrective regime; inf = no penalty)."""
-    anchor: Literal["behav", "old"] = "behav"
-    """mu: behav = the sampler's log-probs (bypass mode, the paper's choice); old = pi_old (replay anchor)."""
     aggregation: Aggregation = "token-mean"
-    """How per-token losses become one scalar (methods.md 1.4); the paper's recipe: seq-mean-token-sum-norm."""
-    norm_length: int = 0
-    """Constant L for seq-mean-token-sum-norm; 0 = rollout.max_new_tokens."""
+    """How per-token losses become one scalar (the paper's recipe: seq-mean-token-sum-norm)."""
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if not self.delta > 0:  # also rejects nan
             raise ValueError(f"delta must be > 0 (inf = no penalty), got {self.delta}")
-        check_common(self)
 
 
 @register("drpo")
@@ -65,17 +62,17 @@ class DRPO(Method):
     """Differentiable IS surrogate against mu with a smooth |A|/(2 delta) mu (r-1)^2 divergence penalty."""
 
     Config = Config
+    cfg: Config
     advantage = "no_std"
 
-    def loss(self, batch):
+    def loss(self, batch: TokenBatch) -> tuple[Tensor, dict[str, Tensor]]:
         c, mask, adv = self.cfg, batch.mask, batch.advantages
-        anchor = batch.behav_logp if c.anchor == "behav" else batch.old_logp
-        ratio = torch.exp(log_ratio(batch.logp, anchor))  # (B, T) differentiable, as the paper's gradient needs
+        ratio, anchor = anchored_ratio(batch, c)  # (B, T) pi_theta / mu, log mu differentiable, as the paper's gradient needs
         mu = anchor.exp()  # (B, T) detached: anchor carries no grad
         # mu (r - 1)^2 = (pi - mu)^2 / mu: a squared probability shift, so rare tokens are not blown up
         penalty = adv.abs() / (2 * c.delta) * mu * (ratio - 1) ** 2  # (B, T)
         per_token = -adv * ratio + penalty  # (B, T)
-        loss = reduce(per_token, batch, with_norm_length(c, batch))
+        loss = reduce(per_token, batch, c)
         with torch.no_grad():
             shift = mu * (ratio - 1)  # (B, T) pi - mu
             weight = 1 - torch.sign(adv) * shift / c.delta  # (B, T) d l / d log pi = -A r w (Eq. 9)

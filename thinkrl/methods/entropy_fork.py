@@ -19,7 +19,7 @@ Relative to grpo: clip-higher (0.28), token-mean, and the entropy mask. Confiden
 The quantile is a statistic of the batch: it is taken over the tensor batch this loss is called with. Were a
 mini-batch split into micro-batches, each would get its own threshold and the micro-batch losses would not
 add up to the full-batch loss (the contract's micro-batch check fails on its test batch), so the class sets
-`batch_statistics` and the trainer passes each whole mini-batch in one call (thinkrl/update.py). TRL takes
+`batch_statistics` and the trainer passes each whole mini-batch in one call (thinkrl/learner/update.py). TRL takes
 the quantile over every valid token of the step gathered across ranks; here it is per mini-batch
 (train.mini_batches > 1 gives one threshold per mini-batch) and, under data parallelism, per rank.
 """
@@ -28,40 +28,25 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
+from torch import Tensor
 
+from thinkrl.batch import TokenBatch
 from thinkrl.methods import Method, register
-from thinkrl.methods._common import (
-    Aggregation,
-    check_common,
-    clipped_surrogate,
-    log_ratio,
-    masked_mean,
-    masked_quantile,
-    reduce,
-    with_norm_length,
-)
+from thinkrl.methods._common import Aggregation, ClipConfig, clipped_loss, log_ratio, masked_mean, masked_quantile, reduce
 
 
 @dataclass
-class Config:
+class Config(ClipConfig):
     rho: float = 0.2
     """Fraction of valid tokens trained on: those with entropy >= the (1 - rho) quantile of the batch."""
-    clip_low: float = 0.2
-    """Lower clip: the ratio is clipped at 1 - clip_low."""
     clip_high: float = 0.28
-    """Upper clip: the ratio is clipped at 1 + clip_high (DAPO's clip-higher)."""
     aggregation: Aggregation = "token-mean"
-    """How per-token losses become one scalar (methods.md 1.4); unselected tokens count as zeros."""
-    norm_length: int = 0
-    """Constant L for seq-mean-token-sum-norm; 0 = rollout.max_new_tokens."""
+    """How per-token losses become one scalar; unselected tokens count as zeros."""
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if not 0 < self.rho <= 1:
             raise ValueError(f"rho must be in (0, 1] (1 = every token, i.e. DAPO), got {self.rho}")
-        if self.clip_low < 0 or self.clip_high < 0:
-            raise ValueError("clip_low and clip_high must be >= 0")
-        check_common(self)
 
 
 @register("entropy_fork")
@@ -69,6 +54,7 @@ class EntropyFork(Method):
     """DAPO surrogate on the top-rho (20%) highest-entropy tokens of the batch only (the 80/20 rule)."""
 
     Config = Config
+    cfg: Config
     reinforce_on_policy = False  # on-policy the gradient is REINFORCE on the selected tokens only
     batch_statistics = True
     """Uses statistics of the whole batch it sees; the trainer must pass the whole mini-batch in one call."""
@@ -77,20 +63,14 @@ class EntropyFork(Method):
     def requires(self) -> set[str]:
         return {"entropy"}
 
-    def loss(self, batch):
-        c, mask, adv = self.cfg, batch.mask, batch.advantages
+    def loss(self, batch: TokenBatch) -> tuple[Tensor, dict[str, Tensor]]:
+        c, mask = self.cfg, batch.mask
         if batch.entropy is None:
             raise ValueError("entropy_fork needs batch.entropy (listed in method.requires)")
-        ratio = torch.exp(log_ratio(batch.logp, batch.old_logp))  # (B, T)
-        per_token, clipped = clipped_surrogate(ratio, adv, c.clip_low, c.clip_high)  # (B, T)
         tau = masked_quantile(batch.entropy, mask, 1.0 - c.rho)  # () over this call's valid tokens
         keep = mask & (batch.entropy >= tau)  # (B, T) ties at tau are kept, as in TRL
-        per_token = per_token * keep  # (B, T)
-        loss = reduce(per_token, batch, with_norm_length(c, batch))
-        metrics = {
-            "entropy/threshold": tau,
-            "select/frac": masked_mean(keep, mask),
-            "clip/frac": masked_mean(clipped & keep, mask),
-            "ratio/mean": masked_mean(ratio, mask),
-        }
-        return loss, metrics
+        ratio = log_ratio(batch.logp, batch.old_logp).exp()  # (B, T)
+        per_token, _, metrics = clipped_loss(ratio, batch, c, trained=keep)  # (B, T)
+        metrics["entropy/threshold"] = tau
+        metrics["select/frac"] = masked_mean(keep, mask)
+        return reduce(per_token * keep, batch, c), metrics

@@ -28,27 +28,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
+from torch import Tensor
 
+from thinkrl.batch import TokenBatch
 from thinkrl.methods import Method, register
-from thinkrl.methods._common import Aggregation, check_common, clipped_surrogate, log_ratio, masked_mean, reduce, with_norm_length
-
-LOG_SEQ_RATIO_MAX = 10.0  # verl's cap on log s_it, so exp cannot overflow
+from thinkrl.methods._common import ClipConfig, clipped_loss, log_ratio, masked_mean, reduce, sequence_ratio
 
 
 @dataclass
-class Config:
+class Config(ClipConfig):
     clip_low: float = 3e-4
-    """Lower clip: the sequence ratio is clipped at 1 - clip_low."""
     clip_high: float = 4e-4
-    """Upper clip: the sequence ratio is clipped at 1 + clip_high."""
-    aggregation: Aggregation = "seq-mean-token-mean"
-    """How per-token losses become one scalar (methods.md 1.4); GSPO uses seq-mean-token-mean."""
-    norm_length: int = 0
-    """Constant L for seq-mean-token-sum-norm; 0 = rollout.max_new_tokens."""
-
-    def __post_init__(self) -> None:
-        check_common(self)
 
 
 @register("gspo")
@@ -56,23 +46,13 @@ class GSPO(Method):
     """Clipped surrogate on the length-normalised sequence ratio (geometric mean of token ratios), clip 3e-4/4e-4."""
 
     Config = Config
+    cfg: Config
 
-    def loss(self, batch):
-        c, mask, adv = self.cfg, batch.mask, batch.advantages
-        log_r = torch.where(mask, log_ratio(batch.logp, batch.old_logp), 0.0)  # (B, T)
-        # mean over this row's own mask: micro-batches split rows, never positions, so s_i does not depend
-        # on how the batch is cut
-        log_s = log_r.sum(-1) / mask.sum(-1).clamp(min=1)  # (B,)
-        # value log s_i at every token, gradient that of log pi_theta(y_t)
-        log_s_tok = (log_s.detach()[:, None] + batch.logp - batch.logp.detach()).clamp(max=LOG_SEQ_RATIO_MAX)  # (B, T)
-        s = torch.exp(log_s_tok)  # (B, T)
-        per_token, clipped = clipped_surrogate(s, adv, c.clip_low, c.clip_high)  # (B, T)
-        metrics = {
-            "clip/frac": masked_mean(clipped, mask),
-            "clip/low_frac": masked_mean(clipped & (s < 1), mask),
-            "clip/high_frac": masked_mean(clipped & (s > 1), mask),
-            "ratio/mean": masked_mean(torch.exp(log_r), mask),  # token ratios r, for comparison with grpo
-            "ratio/seq_mean": masked_mean(torch.exp(log_s), mask.any(-1)),  # s_i over the sequences with tokens
-        }
-        # with_norm_length: L = padded T for seq-mean-token-sum-norm when called outside the trainer
-        return reduce(per_token, batch, with_norm_length(c, batch)), metrics
+    def loss(self, batch: TokenBatch) -> tuple[Tensor, dict[str, Tensor]]:
+        mask = batch.mask
+        log_r = log_ratio(batch.logp, batch.old_logp)  # (B, T)
+        s, log_s = sequence_ratio(log_r, batch.logp, mask)  # (B, T) value s_i, gradient of log pi_theta(y_t)
+        per_token, _, metrics = clipped_loss(s, batch, self.cfg, ratio_key=None)  # (B, T)
+        metrics["ratio/mean"] = masked_mean(log_r.exp(), mask)  # token ratios r, for comparison with grpo
+        metrics["ratio/seq_mean"] = masked_mean(log_s.exp(), mask.any(-1))  # s_i over the sequences with tokens
+        return reduce(per_token, batch, self.cfg), metrics

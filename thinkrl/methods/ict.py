@@ -46,8 +46,9 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from thinkrl.batch import TokenBatch
 from thinkrl.methods import Method, register
-from thinkrl.methods._common import Aggregation, check_common, clipped_surrogate, log_ratio, masked_mean, reduce, with_norm_length
+from thinkrl.methods._common import Aggregation, ClipConfig, clipped_loss, log_ratio, masked_mean, reduce
 
 
 def _top_units(scores: Tensor, frac: float) -> Tensor:
@@ -80,32 +81,24 @@ def select_tokens(token_js: Tensor, mask: Tensor, frac: float, unit: str, token_
 
 
 @dataclass
-class Config:
+class Config(ClipConfig):
     frac: float = 0.1
     """Fraction of units (distinct token ids, or valid positions) trained on: those with the largest JS."""
     unit: Literal["token_id", "position"] = "token_id"
     """token_id = rank the distinct sampled ids by mean JS over their occurrences; position = rank positions."""
     reference: Literal["batch", "response"] = "batch"
     """Reference distribution of the JS: the mean over the rollout batch's valid positions, or over the same response."""
-    clip_low: float = 0.2
-    """Lower clip: the ratio is clipped at 1 - clip_low."""
-    clip_high: float = 0.2
-    """Upper clip: the ratio is clipped at 1 + clip_high."""
     aggregation: Aggregation = "token-mean"
-    """How per-token losses become one scalar (methods.md 1.4); unselected tokens count as zeros."""
-    norm_length: int = 0
-    """Constant L for seq-mean-token-sum-norm; 0 = rollout.max_new_tokens."""
+    """How per-token losses become one scalar; unselected tokens count as zeros."""
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if not 0 < self.frac <= 1:
             raise ValueError(f"frac must be in (0, 1] (1 = every token, i.e. grpo with token-mean), got {self.frac}")
         if self.unit not in ("token_id", "position"):
             raise ValueError(f"unit must be token_id or position, got {self.unit!r}")
         if self.reference not in ("batch", "response"):
             raise ValueError(f"reference must be batch or response, got {self.reference!r}")
-        if self.clip_low < 0 or self.clip_high < 0:
-            raise ValueError(f"clip_low and clip_high must be >= 0, got {self.clip_low} and {self.clip_high}")
-        check_common(self)
 
 
 @register("ict")
@@ -113,6 +106,7 @@ class ICT(Method):
     """GRPO surrogate on the top 10% unique tokens ranked by JS divergence of their distribution to the batch mean."""
 
     Config = Config
+    cfg: Config
     reinforce_on_policy = False  # on-policy the gradient is REINFORCE on the selected tokens only
     batch_statistics = True
     """The selection ranks the whole batch it sees; the trainer must pass the whole mini-batch in one call."""
@@ -126,21 +120,17 @@ class ICT(Method):
         """Which mean distribution the trainer's token_js compares each position with: batch or response."""
         return self.cfg.reference
 
-    def loss(self, batch):
-        c, mask, adv = self.cfg, batch.mask, batch.advantages
+    def loss(self, batch: TokenBatch) -> tuple[Tensor, dict[str, Tensor]]:
+        c, mask = self.cfg, batch.mask
         if batch.token_js is None:
             raise ValueError("ict needs batch.token_js (listed in method.requires)")
         keep, units, kept = select_tokens(batch.token_js, mask, c.frac, c.unit, batch.token_ids)  # (B, T)
-        ratio = torch.exp(log_ratio(batch.logp, batch.old_logp))  # (B, T)
-        per_token, clipped = clipped_surrogate(ratio, adv, c.clip_low, c.clip_high)  # (B, T)
+        ratio = log_ratio(batch.logp, batch.old_logp).exp()  # (B, T)
+        per_token, _, metrics = clipped_loss(ratio, batch, c, trained=keep)  # (B, T)
         per_token = torch.where(keep, per_token, 0.0)  # (B, T) where, not *: no gradient reaches unselected tokens
-        metrics = {
-            "select/frac": masked_mean(keep, mask),
-            "ict/units": torch.tensor(float(units), device=mask.device),
-            "ict/units_kept": torch.tensor(float(kept), device=mask.device),
-            "ict/js_mean": masked_mean(batch.token_js, mask),
-            "ict/js_selected_mean": masked_mean(batch.token_js, keep),
-            "clip/frac": masked_mean(clipped & keep, mask),
-            "ratio/mean": masked_mean(ratio, mask),
-        }
-        return reduce(per_token, batch, with_norm_length(c, batch)), metrics
+        metrics["select/frac"] = masked_mean(keep, mask)
+        metrics["ict/units"] = torch.tensor(float(units), device=mask.device)
+        metrics["ict/units_kept"] = torch.tensor(float(kept), device=mask.device)
+        metrics["ict/js_mean"] = masked_mean(batch.token_js, mask)
+        metrics["ict/js_selected_mean"] = masked_mean(batch.token_js, keep)
+        return reduce(per_token, batch, c), metrics

@@ -49,48 +49,24 @@ from typing import Literal, NamedTuple
 import torch
 from torch import Tensor
 
+from thinkrl.batch import TokenBatch
 from thinkrl.methods import Method, register
-from thinkrl.methods._common import Aggregation, check_common, clipped_surrogate, log_ratio, masked_mean, reduce, with_norm_length
-
-# host -> (clip_low, clip_high, aggregation): grpo.py, dapo.py and gspo.py defaults
-HOSTS = {
-    "grpo": (0.2, 0.2, "seq-mean-token-mean"),
-    "dapo": (0.2, 0.28, "token-mean"),
-    "gspo": (3e-4, 4e-4, "seq-mean-token-mean"),
-}
-LOG_SEQ_RATIO_MAX = 10.0  # verl's cap on GSPO's log s_it, as in gspo.py
+from thinkrl.methods._common import Aggregation, HostedConfig, clipped_loss, log_ratio, masked_mean, reduce, sequence_ratio
 
 
 @dataclass
-class Config:
+class Config(HostedConfig):
     host: Literal["grpo", "dapo", "gspo"] = "grpo"
     """Loss SIS plugs into: grpo (clip 0.2/0.2), dapo (0.2/0.28, token-mean) or gspo (sequence ratio, 3e-4/4e-4)."""
     k: int = 10
     """K of the top-K envelope: the proposal's K most likely ids at each position."""
-    clip_low: float | None = None
-    """Lower clip, at 1 - clip_low; None = the host's (0.2 grpo/dapo, 3e-4 gspo)."""
-    clip_high: float | None = None
-    """Upper clip, at 1 + clip_high; None = the host's (0.2 grpo, 0.28 dapo, 4e-4 gspo)."""
-    aggregation: Aggregation | None = None
-    """How per-token losses become one scalar (methods.md 1.4); None = the host's (token-mean for dapo)."""
-    norm_length: int = 0
-    """Constant L for seq-mean-token-sum-norm; 0 = rollout.max_new_tokens."""
+    aggregation: Aggregation | None = None  # type: ignore[assignment]
+    """How per-token losses become one scalar; None = the host's (token-mean for dapo)."""
 
     def __post_init__(self) -> None:
-        if self.host not in HOSTS:
-            raise ValueError(f"host must be one of {', '.join(HOSTS)}, got {self.host!r}")
-        low, high, agg = HOSTS[self.host]
-        # resolved here, so config_dict() and the run's saved config show the values actually used
-        self.clip_low = low if self.clip_low is None else self.clip_low
-        self.clip_high = high if self.clip_high is None else self.clip_high
-        self.aggregation = agg if self.aggregation is None else self.aggregation
+        super().__post_init__()
         if self.k < 1:
             raise ValueError(f"k must be >= 1, got {self.k}")
-        if not 0 <= self.clip_low <= 1:
-            raise ValueError(f"clip_low must be in [0, 1] (the lower bound 1 - clip_low stays >= 0), got {self.clip_low}")
-        if self.clip_high < 0:
-            raise ValueError(f"clip_high must be >= 0, got {self.clip_high}")
-        check_common(self)
 
 
 class RejectionTest(NamedTuple):
@@ -103,7 +79,7 @@ class RejectionTest(NamedTuple):
 
 
 @torch.no_grad()
-def rejection_test(batch) -> RejectionTest:
+def rejection_test(batch: TokenBatch) -> RejectionTest:
     """Draw the SIS test for every token of `batch` (methods.md 3.1 steps 1-4)."""
     for name in ("token_ids", "topk_ids", "topk_old_logp", "topk_logp"):
         if getattr(batch, name) is None:
@@ -130,6 +106,7 @@ class SIS(Method):
     """Selective importance sampling: tokens passing a top-K rejection test train on-policy (weight 1, unclipped)."""
 
     Config = Config
+    cfg: Config
     reinforce_on_policy = True  # on-policy every token in V_K is accepted (w~ = 1, gradient of log pi), the rest have r = 1
 
     @property
@@ -140,33 +117,24 @@ class SIS(Method):
     def topk_width(self) -> int:
         return self.cfg.k
 
-    def loss(self, batch):
-        c, mask, adv = self.cfg, batch.mask, batch.advantages
+    def loss(self, batch: TokenBatch) -> tuple[Tensor, dict[str, Tensor]]:
+        c, mask = self.cfg, batch.mask
         test = rejection_test(batch)
         log_r = log_ratio(batch.logp, batch.old_logp)  # (B, T) differentiable
         on_policy = batch.logp - batch.logp.detach()  # (B, T) value 0, gradient of log pi_theta
         log_wt = torch.where(test.accepted, on_policy, log_r)  # (B, T) log w~
-        if c.host == "gspo":
-            # mean over this row's own mask: micro-batches split rows, so s_i does not depend on the cut
-            log_s = torch.where(mask, log_wt.detach(), 0.0).sum(-1) / mask.sum(-1).clamp(min=1)  # (B,)
-            weight = torch.exp((log_s[:, None] + on_policy).clamp(max=LOG_SEQ_RATIO_MAX))  # (B, T) s_it
+        if c.host == "gspo":  # accepted tokens add 0 to log s_i
+            weight, _ = sequence_ratio(log_wt, batch.logp, mask)  # (B, T) s_it
         else:
             weight = torch.exp(log_wt)  # (B, T) w~
-        per_token, clipped = clipped_surrogate(weight, adv, c.clip_low, c.clip_high)  # (B, T)
+        per_token, _, metrics = clipped_loss(weight, batch, c, ratio_key="ratio/sis_mean")  # (B, T)
         abs_log_w = torch.where(mask, test.log_w.abs(), 0.0)  # (B, T)
         has_tokens = mask.any(-1)  # (B,)
-        metrics = {
-            "sis/accept_frac": masked_mean(test.accepted, mask),
-            "sis/accept_prob": masked_mean(test.prob, mask),  # expected acceptance: the same, without the draw noise
-            "sis/outside_topk_frac": masked_mean(~test.in_topk, mask),
-            # Theorem 1's per-sequence divergences, averaged over the sequences with tokens
-            "sis/D": masked_mean(abs_log_w.sum(-1), has_tokens),
-            "sis/D_sis": masked_mean(torch.where(test.accepted, 0.0, abs_log_w).sum(-1), has_tokens),
-            "ratio/mean": masked_mean(torch.exp(test.log_w), mask),  # raw token ratios, comparable with grpo
-            "ratio/sis_mean": masked_mean(weight, mask),  # the weights the surrogate sees (w~ or s_it)
-            "clip/frac": masked_mean(clipped, mask),
-            "clip/low_frac": masked_mean(clipped & (weight < 1), mask),
-            "clip/high_frac": masked_mean(clipped & (weight > 1), mask),
-        }
-        # with_norm_length: L = padded T for seq-mean-token-sum-norm when called outside the trainer
-        return reduce(per_token, batch, with_norm_length(c, batch)), metrics
+        metrics["sis/accept_frac"] = masked_mean(test.accepted, mask)
+        metrics["sis/accept_prob"] = masked_mean(test.prob, mask)  # expected acceptance, without the draw noise
+        metrics["sis/outside_topk_frac"] = masked_mean(~test.in_topk, mask)
+        # Theorem 1's per-sequence divergences, averaged over the sequences with tokens
+        metrics["sis/D"] = masked_mean(abs_log_w.sum(-1), has_tokens)
+        metrics["sis/D_sis"] = masked_mean(torch.where(test.accepted, 0.0, abs_log_w).sum(-1), has_tokens)
+        metrics["ratio/mean"] = masked_mean(torch.exp(test.log_w), mask)  # raw token ratios, comparable with grpo
+        return reduce(per_token, batch, c), metrics

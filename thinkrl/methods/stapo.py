@@ -20,7 +20,7 @@ the thresholds tau_p and tau_h are unverified against the paper.
 
 Batch statistics and micro-batches. tau_h is a quantile of the tensor batch this loss is called with, so
 micro-batches of one mini-batch would get different thresholds: the class sets `batch_statistics` and the
-trainer passes each whole mini-batch in one call (thinkrl/update.py; per rank under data parallelism). The
+trainer passes each whole mini-batch in one call (thinkrl/learner/update.py; per rank under data parallelism). The
 denominator is the global token count minus the tokens silenced in this call, batch.num_tokens - sum(S): in
 one call over the whole mini-batch that is exactly sum mask (1 - S). If the batch is split anyway, each part
 still divides by (nearly) the global count, so the parts add up to the full loss up to the silenced tokens of
@@ -33,29 +33,26 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from torch import Tensor
 
+from thinkrl.batch import TokenBatch
 from thinkrl.methods import Method, register
-from thinkrl.methods._common import clipped_surrogate, log_ratio, masked_mean, masked_quantile
+from thinkrl.methods._common import Clip, clipped_loss, log_ratio, masked_mean, masked_quantile
 
 
 @dataclass
-class Config:
+class Config(Clip):
     tau_p: float = 0.01
     """Probability threshold: a token with pi_theta(y_t) < tau_p (and the other two criteria) is silenced."""
     entropy_quantile: float = 0.05
     """tau_h = this quantile of the batch's token entropies; a token with entropy < tau_h counts as low-entropy."""
-    clip_low: float = 0.2
-    """Lower clip: the ratio is clipped at 1 - clip_low."""
-    clip_high: float = 0.2
-    """Upper clip: the ratio is clipped at 1 + clip_high."""
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if not 0 < self.tau_p <= 1:
             raise ValueError(f"tau_p must be in (0, 1], got {self.tau_p}")
         if not 0 <= self.entropy_quantile <= 1:
             raise ValueError(f"entropy_quantile must be in [0, 1], got {self.entropy_quantile}")
-        if self.clip_low < 0 or self.clip_high < 0:
-            raise ValueError("clip_low and clip_high must be >= 0")
 
 
 @register("stapo")
@@ -63,6 +60,7 @@ class STAPO(Method):
     """GRPO clip, silencing positive-advantage tokens of low probability and low entropy, renormalised."""
 
     Config = Config
+    cfg: Config
     reinforce_on_policy = False  # silenced tokens drop out of the on-policy gradient
     batch_statistics = True
     """Uses statistics of the whole batch it sees; the trainer must pass the whole mini-batch in one call."""
@@ -71,25 +69,20 @@ class STAPO(Method):
     def requires(self) -> set[str]:
         return {"entropy"}
 
-    def loss(self, batch):
+    def loss(self, batch: TokenBatch) -> tuple[Tensor, dict[str, Tensor]]:
         c, mask, adv = self.cfg, batch.mask, batch.advantages
         if batch.entropy is None:
             raise ValueError("stapo needs batch.entropy (listed in method.requires)")
-        ratio = torch.exp(log_ratio(batch.logp, batch.old_logp))  # (B, T)
-        per_token, clipped = clipped_surrogate(ratio, adv, c.clip_low, c.clip_high)  # (B, T)
         tau_h = masked_quantile(batch.entropy, mask, c.entropy_quantile)  # () over this call's valid tokens
         prob = batch.logp.detach().exp()  # (B, T)
         spurious = mask & (adv > 0) & (prob < c.tau_p) & (batch.entropy < tau_h)  # (B, T)
         kept = mask & ~spurious  # (B, T)
+        ratio = log_ratio(batch.logp, batch.old_logp).exp()  # (B, T)
+        per_token, _, metrics = clipped_loss(ratio, batch, c, trained=kept)  # (B, T)
         if batch.is_weights is not None:  # rollout correction, applied as in _common.reduce
             per_token = per_token * batch.is_weights
         per_token = torch.where(kept, per_token, 0.0)  # (B, T)
-        denom = (batch.num_tokens - spurious.sum()).clamp(min=1)  # () global count less this call's silenced
-        loss = per_token.sum() / denom
-        metrics = {
-            "silenced/frac": masked_mean(spurious, mask),
-            "entropy/threshold": tau_h,
-            "clip/frac": masked_mean(clipped & kept, mask),
-            "ratio/mean": masked_mean(ratio, mask),
-        }
-        return loss, metrics
+        denom = ((batch.num_tokens or 0) - spurious.sum()).clamp(min=1)  # () global count less this call's silenced
+        metrics["silenced/frac"] = masked_mean(spurious, mask)
+        metrics["entropy/threshold"] = tau_h
+        return per_token.sum() / denom, metrics

@@ -52,21 +52,13 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from thinkrl.batch import TokenBatch
 from thinkrl.methods import Method, register
-from thinkrl.methods._common import (
-    Aggregation,
-    check_common,
-    clipped_surrogate,
-    dual_clip,
-    log_ratio,
-    masked_mean,
-    reduce,
-    with_norm_length,
-)
+from thinkrl.methods._common import Aggregation, ClipConfig, clipped_loss, log_ratio, masked_mean, reduce
 
 
 @dataclass
-class Config:
+class Config(ClipConfig):
     variant: Literal["o1", "c2"] = "o1"
     """o1: amplify the top positive-advantage tokens by W only; c2: also damp the top negative ones by M."""
     top_ratio: float = 0.1
@@ -85,18 +77,13 @@ class Config:
     """Upper bound of the adaptive W."""
     m_min: float = 0.5
     """Lower bound of the adaptive M."""
-    clip_low: float = 0.2
-    """Lower clip: the ratio is clipped at 1 - clip_low."""
     clip_high: float = 0.28
-    """Upper clip: the ratio is clipped at 1 + clip_high (DAPO's clip-higher)."""
     dual_clip: float = 10.0
     """Dual-clip ratio c > 1 for negative advantages (the paper's run uses 10); 0 = off."""
     aggregation: Aggregation = "token-mean"
-    """How per-token losses become one scalar (methods.md 1.4)."""
-    norm_length: int = 0
-    """Constant L for seq-mean-token-sum-norm; 0 = rollout.max_new_tokens."""
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if not 0 < self.top_ratio <= 1:
             raise ValueError(f"top_ratio must be in (0, 1], got {self.top_ratio}")
         if self.w < 1:
@@ -111,11 +98,6 @@ class Config:
             raise ValueError(f"w must be in [1, w_max={self.w_max}] when adaptive, got {self.w}")
         if self.adaptive and not 0 < self.m_min <= self.m:
             raise ValueError(f"m_min must be in (0, m={self.m}] when adaptive, got {self.m_min}")
-        if self.clip_low < 0 or self.clip_high < 0:
-            raise ValueError("clip_low and clip_high must be >= 0")
-        if self.dual_clip and self.dual_clip <= 1:
-            raise ValueError(f"dual_clip must be > 1 (or 0 = off), got {self.dual_clip}")
-        check_common(self)
 
 
 def top_surprisal(surprisal: Tensor, candidates: Tensor, top_ratio: float) -> Tensor:
@@ -152,6 +134,7 @@ class STARE(Method):
     """Clip-higher + dual clip; while batch entropy < target, top-10% surprisal A>0 tokens get weight 1.1."""
 
     Config = Config
+    cfg: Config
     reinforce_on_policy = False  # with the gate on, tokens are reweighted on-policy by design
     batch_statistics = True
     """The top-P selection uses the whole batch it sees; the trainer must pass the mini-batch in one call."""
@@ -181,30 +164,19 @@ class STARE(Method):
             metrics["stare/entropy"] = self.entropy
         return {k: torch.tensor(v) for k, v in metrics.items()}
 
-    def loss(self, batch):
-        c, mask, adv = self.cfg, batch.mask, batch.advantages
-        ratio = torch.exp(log_ratio(batch.logp, batch.old_logp))  # (B, T)
-        per_token, clipped = clipped_surrogate(ratio, adv, c.clip_low, c.clip_high)  # (B, T)
-        metrics = {}
-        if c.dual_clip:
-            per_token, dual = dual_clip(per_token, adv, c.dual_clip)  # (B, T)
-            metrics["clip/dual_frac"] = masked_mean(dual, mask)
+    def loss(self, batch: TokenBatch) -> tuple[Tensor, dict[str, Tensor]]:
+        c, mask = self.cfg, batch.mask
+        ratio = log_ratio(batch.logp, batch.old_logp).exp()  # (B, T)
+        per_token, _, metrics = clipped_loss(ratio, batch, c)  # (B, T)
         if self.gate:
-            omega, chosen = stare_weights(batch.logp, adv, mask, c.top_ratio, self.w, self.m if c.variant == "c2" else None)
+            m = self.m if c.variant == "c2" else None
+            omega, chosen = stare_weights(batch.logp, batch.advantages, mask, c.top_ratio, self.w, m)  # (B, T)
             per_token = per_token * omega  # (B, T)
         else:  # gate off: leave the vanilla loss untouched, bit for bit
             omega, chosen = torch.ones_like(per_token.detach()), torch.zeros_like(mask)
-        metrics.update(
-            {
-                "stare/reweighted_frac": masked_mean(chosen, mask),
-                "stare/omega_mean": masked_mean(omega, mask),
-                "clip/frac": masked_mean(clipped, mask),
-                "clip/low_frac": masked_mean(clipped & (ratio < 1), mask),
-                "clip/high_frac": masked_mean(clipped & (ratio > 1), mask),
-                "ratio/mean": masked_mean(ratio, mask),
-            }
-        )
-        return reduce(per_token, batch, with_norm_length(c, batch)), metrics
+        metrics["stare/reweighted_frac"] = masked_mean(chosen, mask)
+        metrics["stare/omega_mean"] = masked_mean(omega, mask)
+        return reduce(per_token, batch, c), metrics
 
     def state_dict(self) -> dict:
         return {"gate": self.gate, "w": self.w, "m": self.m, "entropy": self.entropy}

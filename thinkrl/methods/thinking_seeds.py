@@ -4,7 +4,7 @@ Paper: "Thinking Seeds: Leveraging Historical Diversity for Position-Aware RL in
 Single-sample Mix-policy RL for LLMs"), arXiv 2601.21476. Only the abstract is public (methods.md 3.5, 4).
 
 Some completions of each group begin with a prefix written by one of the model's own earlier checkpoints
-pi_h (thinkrl/seeds.py, `seeds.enabled`); the current policy writes the rest. Each token is corrected against
+pi_h (thinkrl/rollout/seeds.py, `seeds.enabled`); the current policy writes the rest. Each token is corrected against
 the policy that actually wrote it. Objective (minimised), per valid token t of completion i with advantage
 A_i, computed over the whole mixed group (seeded and unseeded completions share the baseline):
 
@@ -21,7 +21,7 @@ and the loss is token-mean.
 
 Confidence (methods.md 3.5): INTERPRETATION throughout except that prefixes come from the model's own
 historical checkpoints, continuations are on-policy, and ratios are token-level (EXACT-PAPER, abstract).
-The cap and the host settings are this project's choices, as are the rollout defaults in thinkrl/seeds.py.
+The cap and the host settings are this project's choices, as are the rollout defaults in thinkrl/rollout/seeds.py.
 """
 
 from __future__ import annotations
@@ -30,39 +30,25 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
+from torch import Tensor
 
+from thinkrl.batch import TokenBatch
 from thinkrl.methods import Method, register
-from thinkrl.methods._common import Aggregation, check_common, clipped_surrogate, log_ratio, masked_mean, reduce, with_norm_length
-
-HOSTS = {"grpo": (0.2, 0.2), "dapo": (0.2, 0.28)}
+from thinkrl.methods._common import Aggregation, HostedConfig, clipped_loss, log_ratio, masked_mean, reduce
 
 
 @dataclass
-class Config:
+class Config(HostedConfig):
     host: Literal["grpo", "dapo"] = "dapo"
     """Clip settings to start from: grpo (0.2 / 0.2) or dapo (0.2 / 0.28)."""
-    clip_low: float | None = None
-    """Lower clip, at 1 - clip_low; None = the host's."""
-    clip_high: float | None = None
-    """Upper clip, at 1 + clip_high; None = the host's."""
     prefix_cap: float = 2.0
     """Cap on prefix-token ratios pi_theta / pi_h (0 = no cap)."""
     aggregation: Aggregation = "token-mean"
-    """How per-token losses become one scalar (methods.md 1.4)."""
-    norm_length: int = 0
-    """Constant L for seq-mean-token-sum-norm; 0 = rollout.max_new_tokens."""
 
     def __post_init__(self) -> None:
-        if self.host not in HOSTS:
-            raise ValueError(f"host must be grpo or dapo, got {self.host!r}")
-        low, high = HOSTS[self.host]
-        self.clip_low = low if self.clip_low is None else self.clip_low
-        self.clip_high = high if self.clip_high is None else self.clip_high
-        if not 0 <= self.clip_low <= 1 or self.clip_high < 0:
-            raise ValueError(f"clip_low must be in [0, 1] and clip_high >= 0, got {self.clip_low} and {self.clip_high}")
+        super().__post_init__()
         if self.prefix_cap < 0 or 0 < self.prefix_cap <= 1:
             raise ValueError(f"prefix_cap must be > 1 (or 0 = off), got {self.prefix_cap}")
-        check_common(self)
 
 
 @register("thinking_seeds")
@@ -70,6 +56,7 @@ class ThinkingSeeds(Method):
     """Prefix tokens from a historical checkpoint ratioed against it, continuation tokens against pi_old (clip)."""
 
     Config = Config
+    cfg: Config
 
     @property
     def requires(self) -> set[str]:
@@ -77,8 +64,8 @@ class ThinkingSeeds(Method):
         # metrics (the training forward computes it anyway)
         return {"prefix_mask", "entropy"}
 
-    def loss(self, batch):
-        c, mask, adv = self.cfg, batch.mask, batch.advantages
+    def loss(self, batch: TokenBatch) -> tuple[Tensor, dict[str, Tensor]]:
+        c, mask = self.cfg, batch.mask
         prefix = batch.prefix_mask if batch.prefix_mask is not None else torch.zeros_like(mask)  # (B, T) bool
         prefix = prefix & mask
         cont = mask & ~prefix
@@ -87,12 +74,11 @@ class ThinkingSeeds(Method):
         ratio = torch.exp(log_r)  # (B, T)
         if c.prefix_cap > 0:
             ratio = torch.where(prefix, ratio.clamp(max=c.prefix_cap), ratio)  # a capped token passes no gradient
-        per_token, clipped = clipped_surrogate(ratio, adv, c.clip_low, c.clip_high)  # (B, T)
-        metrics = {"clip/frac": masked_mean(clipped, mask), "ratio/mean": masked_mean(ratio, mask)}
+        per_token, clipped, metrics = clipped_loss(ratio, batch, c)  # (B, T)
         for name, part in (("prefix", prefix), ("cont", cont)):
             metrics[f"{name}/token_frac"] = masked_mean(part, mask)
             metrics[f"{name}/clip_frac"] = masked_mean(clipped, part)
             metrics[f"{name}/abs_log_ratio"] = masked_mean(log_r.abs(), part)
             if batch.entropy is not None:
                 metrics[f"{name}/entropy"] = masked_mean(batch.entropy, part)
-        return reduce(per_token, batch, with_norm_length(c, batch)), metrics
+        return reduce(per_token, batch, c), metrics

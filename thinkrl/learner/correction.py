@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from thinkrl.config import CorrectionConfig
-from thinkrl.methods._common import LOG_RATIO_LIMIT
+from thinkrl.ops import LOG_RATIO_LIMIT
 
 
 def log_rho(old_logp: Tensor, behav_logp: Tensor, mask: Tensor) -> Tensor:

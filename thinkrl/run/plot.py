@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from thinkrl.runs import Run, eval_keys
+from thinkrl.run.readers import Run, eval_keys
 
 # (title, y label, metric keys tried in order; the first a run has is drawn)
 PANELS = [

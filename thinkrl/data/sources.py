@@ -1,4 +1,4 @@
-"""Problems {id, problem, answer} from the built-in task, local files, aliases or hub ids; prompts from them.
+"""Where problems come from: the built-in task, local files, dataset aliases or hub ids.
 
 Sources, by `data.name`:
   arith              built-in, seeded arithmetic ("What is 27 + 82?"); train and test splits are disjoint
@@ -6,7 +6,7 @@ Sources, by `data.name`:
                      $THINKRL_DATA_DIR/<alias>.jsonl or <alias>_<split>.jsonl is used instead when present
   a file             .jsonl / .json / .parquet / .csv with problem/answer columns (names configurable)
   anything else      a Hugging Face dataset id (needs the hub; a clear error when it is unreachable)
-Rows with a missing answer, or whose prompt exceeds data.max_prompt_tokens, are skipped and counted.
+Rows with a missing answer or problem are skipped and counted (Loaded.skipped).
 """
 
 from __future__ import annotations
@@ -14,37 +14,15 @@ from __future__ import annotations
 import csv
 import json
 import os
-import random
-import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from thinkrl.config import ArithConfig, DataConfig, PromptConfig
+from thinkrl.config import DataConfig
+from thinkrl.data.arith import arith_problems
+from thinkrl.data.problems import Loaded, Problem, normalise_answer
 from thinkrl.errors import UserError
-
-
-@dataclass
-class Problem:
-    id: str
-    problem: str
-    answer: str
-
-
-@dataclass
-class Prompt:
-    id: str
-    problem: str
-    answer: str
-    text: str  # the rendered prompt (template applied)
-    ids: list[int]  # its tokens
-
-
-@dataclass
-class Loaded:
-    problems: list[Problem]
-    skipped: dict[str, int] = field(default_factory=dict)  # reason -> count
 
 
 def _gsm8k_answer(text: str) -> str:
@@ -76,59 +54,6 @@ ALIASES: dict[str, HubSpec] = {
     "amc23": HubSpec("math-ai/amc23", "test", "question"),
     "dapo17k": HubSpec("open-r1/DAPO-Math-17k-Processed", "train", "prompt", "solution", subset="en"),
 }
-
-
-def normalise_answer(value: Any) -> str | None:
-    """Gold answers as clean strings: 27.0 -> '27', ' 5 ' -> '5'; None / '' -> None."""
-    if value is None:
-        return None
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    text = str(value).strip()
-    if re.fullmatch(r"-?\d+\.0+", text):
-        text = text.split(".")[0]
-    return text or None
-
-
-# ---------------------------------------------------------------- built-in arithmetic task
-
-
-def _arith_value(nums: list[int], ops: list[str]) -> int:
-    """Evaluate with the usual precedence (* before + and -), without eval()."""
-    terms, signs = [nums[0]], []
-    for op, n in zip(ops, nums[1:]):
-        if op == "*":
-            terms[-1] *= n
-        else:
-            terms.append(n)
-            signs.append(op)
-    total = terms[0]
-    for op, t in zip(signs, terms[1:]):
-        total = total + t if op == "+" else total - t
-    return total
-
-
-def arith_problems(cfg: ArithConfig, split: str) -> list[Problem]:
-    """Seeded unique problems; the first test_size go to 'test', the next train_size to 'train'."""
-    if split not in ("train", "test"):
-        raise UserError(f"the arith task has splits train and test, not {split!r}")
-    if not cfg.ops or set(cfg.ops) - set("+-*") or cfg.terms < 2 or cfg.min_value > cfg.max_value:
-        raise UserError("data.arith: ops must be drawn from '+-*', terms >= 2 and min_value <= max_value")
-    span = cfg.max_value - cfg.min_value + 1
-    needed = cfg.train_size + cfg.test_size
-    if span**cfg.terms * len(cfg.ops) ** (cfg.terms - 1) < needed * 1.25:  # keeps the rejection loop short
-        raise UserError(f"data.arith: the operand range is too small for {needed} distinct problems; widen min_value..max_value")
-    rng = random.Random(cfg.seed)
-    seen, out = set(), []
-    while len(out) < needed:
-        nums = [rng.randint(cfg.min_value, cfg.max_value) for _ in range(cfg.terms)]
-        ops = [rng.choice(cfg.ops) for _ in range(cfg.terms - 1)]
-        expr = " ".join(f"{n} {o}" for n, o in zip(nums, ops)) + f" {nums[-1]}"
-        if expr in seen:
-            continue
-        seen.add(expr)
-        out.append(Problem(id=f"arith-{len(out)}", problem=f"What is {expr}?", answer=str(_arith_value(nums, ops))))
-    return out[: cfg.test_size] if split == "test" else out[cfg.test_size :]
 
 
 # ---------------------------------------------------------------- files and the hub
@@ -270,42 +195,3 @@ def load_problems(cfg: DataConfig, split: str | None = None) -> Loaded:
     return Loaded(problems, skipped)
 
 
-# ---------------------------------------------------------------- prompts
-
-
-def render_prompt(problem: str, tokenizer, cfg: PromptConfig) -> tuple[str, bool]:
-    """The prompt text and whether it came from the chat template (which already holds special tokens)."""
-    user = cfg.instruction.replace("{problem}", problem)
-    chat = cfg.template == "chat" or (cfg.template == "auto" and getattr(tokenizer, "chat_template", None))
-    if chat:
-        if not getattr(tokenizer, "chat_template", None):
-            raise UserError("prompt.template=chat but this tokenizer has no chat template; use prompt.template=plain")
-        messages = ([{"role": "system", "content": cfg.system}] if cfg.system else []) + [{"role": "user", "content": user}]
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True), True
-    system = f"{cfg.system}\n\n" if cfg.system else ""
-    return f"{system}Question: {user}\nAnswer:", False
-
-
-def build_prompts(problems: list[Problem], tokenizer, cfg: PromptConfig, max_tokens: int) -> tuple[list[Prompt], int]:
-    """Render and tokenize; prompts longer than max_tokens are dropped and counted."""
-    out, too_long = [], 0
-    for p in problems:
-        text, chat = render_prompt(p.problem, tokenizer, cfg)
-        ids = tokenizer(text, add_special_tokens=not chat)["input_ids"]
-        if len(ids) > max_tokens:
-            too_long += 1
-            continue
-        out.append(Prompt(p.id, p.problem, p.answer, text, ids))
-    return out, too_long
-
-
-def step_prompts(prompts: list[Prompt], step: int, per_step: int, seed: int) -> list[Prompt]:
-    """The prompts of one training step: a fresh seeded permutation each epoch, so any step is
-    reproducible from (seed, step) alone and resuming needs no saved data position."""
-    out, n = [], len(prompts)
-    for k in range(step * per_step, (step + 1) * per_step):
-        epoch, pos = divmod(k, n)
-        order = list(range(n))
-        random.Random(seed * 1_000_003 + epoch).shuffle(order)
-        out.append(prompts[order[pos]])
-    return out

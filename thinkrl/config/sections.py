@@ -1,6 +1,6 @@
 """Run configuration: every setting, its default and a one-line doc, as nested dataclasses.
 
-How a config is loaded (YAML, `-o key=value` overrides, cross-field checks) is thinkrl/configure.py.
+How a config is loaded (YAML, `-o key=value` overrides, cross-field checks) is thinkrl/config/load.py.
 The defaults are the calibrated first run: the bundled SmolLM2-135M-Instruct with LoRA on the built-in
 arithmetic task, sized for 2 CPU cores (see `make demo`); configs/ holds recipes for other settings.
 """

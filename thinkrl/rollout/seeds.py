@@ -26,7 +26,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from thinkrl.rollout import Completions, Sampling, generate
+from thinkrl.rollout.completions import Completions, Sampling
+from thinkrl.rollout.engines.lean import generate
 
 SNAP_ENDS = {"line": ("\n",), "sentence": ("\n", ".", "!", "?")}
 

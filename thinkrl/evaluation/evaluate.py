@@ -1,105 +1,32 @@
 """`thinkrl eval`: sample n completions per problem, grade them, report avg@n, pass@k and maj@n.
 
-Every choice that changes a number is explicit and recorded: a preset names a standard protocol and each
-of its settings can be overridden flag by flag; summary.json stores the resolved settings and package
-versions. Per dataset, OUTPUT holds samples.jsonl (one line per completion) and summary.json. Rerunning
-into the same OUTPUT resumes: samples already in samples.jsonl are not generated again (and a rerun with
-different settings is refused rather than mixed in).
-
-Presets (anchors.md D2):
-  greedy     T=0, n=1, 3,000 new tokens, Qwen-Math system prompt asking for a \\boxed{} answer (Dr.GRPO/oat)
-  reasoning  T=0.6, top_p=0.95, n=16, 32,768 new tokens (clipped to the context window), the DeepSeek-R1
-             instruction in the user turn and no system prompt (open-r1 / lighteval; use --n 32 for avg@32)
-  train      the run's own prompt template and completion budget, greedy (its training task's held-out split)
-  auto       (default) train on the run's own dataset, greedy on any other
+Per dataset, OUTPUT holds samples.jsonl (one line per completion), settings.json and summary.json.
+Rerunning into the same OUTPUT resumes: samples already in samples.jsonl are not generated again (and a
+rerun with different settings is refused; thinkrl/evaluation/settings.py). The metrics are defined in
+thinkrl/evaluation/metrics.py.
 """
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
 
-from thinkrl import checkpoint
 from thinkrl.config import Config, DataConfig, PromptConfig
-from thinkrl.configure import load_config
+from thinkrl.config.load import load_config
 from thinkrl.data import build_prompts, load_problems
 from thinkrl.errors import UserError
-from thinkrl.eval_metrics import summarise
-from thinkrl.logs import JsonlLog, console, progress, read_jsonl
-from thinkrl.models import load_base, resolve_dtype
-from thinkrl.rollout import Sampling, generate
-
-STEP_BY_STEP = "Please reason step by step, and put your final answer within \\boxed{}."
-PRESETS = {
-    "greedy": dict(n=1, temperature=0.0, top_p=1.0, max_new_tokens=3000, template="auto", system=STEP_BY_STEP, instruction="{problem}"),
-    "reasoning": dict(n=16, temperature=0.6, top_p=0.95, max_new_tokens=32768, template="auto", system=None, instruction="{problem}\n" + STEP_BY_STEP),
-}
-# settings that change the numbers: a resumed evaluation must match on all of them
-_SAME_ON_RESUME = ("model", "adapter", "dataset", "split", "n", "temperature", "top_p", "max_new_tokens", "seed", "template", "system", "instruction", "grader")
-
-
-@dataclass
-class EvalSettings:
-    model: str
-    dataset: str
-    preset: str = "auto"
-    split: str | None = None
-    n: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    max_new_tokens: int | None = None
-    template: str | None = None
-    system: str | None = None
-    instruction: str | None = None
-    seed: int = 0
-    limit: int = 0
-    batch_size: int = 64  # completions decoded together
-    adapter: str | None = None
-    grader: str = "thinkrl.verifier:grade"
-
-
-def resolve_settings(s: EvalSettings, cfg: Config) -> EvalSettings:
-    """Fill every None from the preset; 'auto' picks 'train' on the config's own dataset, else 'greedy'."""
-    preset = s.preset
-    if preset == "auto":
-        preset = "train" if s.dataset in ("", cfg.data.name) else "greedy"
-    if preset == "train":
-        base = dict(n=1, temperature=0.0, top_p=1.0, max_new_tokens=cfg.rollout.max_new_tokens, **asdict(cfg.prompt))
-    elif preset in PRESETS:
-        base = PRESETS[preset]
-    else:
-        raise UserError(f"unknown --preset {s.preset!r}; choose auto, train, {', '.join(PRESETS)}")
-    filled = {k: (getattr(s, k) if getattr(s, k) is not None else v) for k, v in base.items()}
-    if s.system == "none":  # `--system none` removes the preset's system prompt
-        filled["system"] = None
-    out = replace(s, preset=preset, dataset=s.dataset or cfg.data.name, **filled)
-    if out.n < 1 or out.max_new_tokens < 1 or not 0 < out.top_p <= 1 or out.temperature < 0:
-        raise UserError("--n and --max-new-tokens must be >= 1, --top-p in (0, 1], --temperature >= 0")
-    if out.n > 1 and out.temperature == 0:
-        if s.temperature is None:  # n samples of a greedy preset would be n copies: sample as `reasoning` does
-            out = replace(out, temperature=PRESETS["reasoning"]["temperature"], top_p=s.top_p or PRESETS["reasoning"]["top_p"])
-            console.print(f"note: --n {out.n} with the {preset} preset: sampling at temperature {out.temperature}, top_p {out.top_p} (set --temperature to choose)")
-        else:
-            console.print("[yellow]warning: n > 1 with temperature 0 gives n identical greedy samples[/]")
-    return out
-
-
-def find_checkpoint(model_arg: str) -> tuple[Path, Path] | None:
-    """(run_dir, checkpoint) when `model_arg` is a run directory or one of its checkpoints."""
-    p = Path(model_arg)
-    if (p / "config.yaml").is_file():
-        ckpt = checkpoint.latest(p)
-        if ckpt is None:
-            raise UserError(f"run directory {p} has no complete checkpoint yet")
-        return p, ckpt
-    if (p / checkpoint.MARKER).is_file() and p.parent.name == "checkpoints":
-        return p.parent.parent, p
-    return None
+from thinkrl.evaluation.metrics import summarise
+from thinkrl.evaluation.settings import EvalSettings, check_resume, resolve_settings, versions
+from thinkrl.models import eos_ids, load_base, resolve_dtype
+from thinkrl.rollout.completions import Sampling
+from thinkrl.rollout.engines.lean import generate
+from thinkrl.run.checkpoint import find_checkpoint
+from thinkrl.run.console import console, progress
+from thinkrl.run.jsonl import JsonlLog, read_jsonl
 
 
 def load_for_eval(model_arg: str, adapter: str | None, device: torch.device):
@@ -126,16 +53,6 @@ def load_for_eval(model_arg: str, adapter: str | None, device: torch.device):
     return model.to(device).eval().requires_grad_(False), tok, run_cfg  # frozen: generate may take the lean path
 
 
-def versions() -> dict[str, str]:
-    out = {}
-    for pkg in ("thinkrl", "torch", "transformers", "peft", "math-verify", "sympy"):
-        try:
-            out[pkg] = importlib.metadata.version(pkg)
-        except importlib.metadata.PackageNotFoundError:
-            out[pkg] = "not installed"
-    return out
-
-
 def eval_dataset(model, tok, s: EvalSettings, data_cfg: DataConfig, out_dir: Path, pool) -> dict:
     """Generate, grade and summarise one dataset into out_dir (resuming what is already there)."""
     split = s.split or ("test" if data_cfg.name == "arith" else None)
@@ -144,13 +61,13 @@ def eval_dataset(model, tok, s: EvalSettings, data_cfg: DataConfig, out_dir: Pat
     prompts, _ = build_prompts(loaded.problems, tok, prompt_cfg, max_tokens=10**9)
     out_dir.mkdir(parents=True, exist_ok=True)
     settings = {**asdict(s), "dtype": str(next(model.parameters()).dtype).replace("torch.", "")}
-    _check_resume(out_dir, settings)
+    check_resume(out_dir, settings)
     (out_dir / "settings.json").write_text(json.dumps(settings, indent=2))
     log = JsonlLog(out_dir / "samples.jsonl")
     done = {(r["id"], r["sample"]) for r in read_jsonl(log.path)} if log.path.exists() else set()
     todo = [p for p in sorted(prompts, key=lambda p: len(p.ids)) if any((p.id, k) not in done for k in range(s.n))]
     context = getattr(model.config, "max_position_embeddings", None) or 10**9
-    eos = sorted({tok.eos_token_id, *_as_list(model.generation_config.eos_token_id)} - {None})
+    eos = eos_ids(model, tok)
     per_batch, clipped, new_tokens, correct, graded = max(1, s.batch_size // s.n), 0, 0, 0, 0
     t0 = time.perf_counter()
     with progress() as bar:
@@ -190,23 +107,6 @@ def eval_dataset(model, tok, s: EvalSettings, data_cfg: DataConfig, out_dir: Pat
     }
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
-
-
-def _as_list(x) -> list:
-    return [] if x is None else [x] if isinstance(x, int) else list(x)
-
-
-def _check_resume(out_dir: Path, settings: dict) -> None:
-    path = out_dir / "settings.json"
-    if not path.is_file() or not (out_dir / "samples.jsonl").is_file():
-        return
-    old = json.loads(path.read_text())
-    diff = [k for k in _SAME_ON_RESUME if old.get(k) != settings.get(k)]
-    if diff:
-        k = diff[0]
-        raise UserError(f"{out_dir} holds samples made with {k}={old.get(k)!r} (now {settings.get(k)!r}); use a new --output to evaluate other settings")
-    if old.get("limit") != settings.get("limit"):
-        console.print(f"note: --limit changed from {old.get('limit')} to {settings.get('limit')}; finished samples are kept")
 
 
 def eval_during_training(model, tok, cfg: Config, run_dir: Path, step: int, pool) -> dict[str, float]:

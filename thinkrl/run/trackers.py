@@ -38,7 +38,7 @@ def accelerator_kwargs(log_cfg, run_dir: Path) -> dict:
 def start(accelerator, cfg) -> None:
     """Open the trackers with the run's config as hyperparameters (flattened to dotted keys)."""
     if cfg.log.trackers:
-        from thinkrl.configure import flatten, to_dict
+        from thinkrl.config.load import flatten, to_dict
 
         # hyperparameters as dotted keys; TensorBoard's hparams take scalars only, so the rest becomes text
         params = {k: v if isinstance(v, (int, float, str, bool)) else str(v) for k, v in flatten(to_dict(cfg))}

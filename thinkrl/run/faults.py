@@ -17,10 +17,10 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError
 
-from thinkrl import checkpoint
 from thinkrl.config import Config
 from thinkrl.errors import UserError
-from thinkrl.logs import console
+from thinkrl.run import checkpoint
+from thinkrl.run.console import console
 from thinkrl.verifier import VerifierPool
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)

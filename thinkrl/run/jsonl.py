@@ -1,4 +1,4 @@
-"""Run-directory logs: metrics.jsonl (one object per step), rollouts.jsonl, and the console.
+"""Run-directory logs: metrics.jsonl (one object per step) and rollouts.jsonl, kill-safe JSON lines.
 
 metrics.jsonl is the source of truth for a run. Lines are on disk (fsync) before the step's checkpoint is,
 and on resume the lines past the checkpoint being resumed are dropped, so after any kill and resume the file
@@ -12,11 +12,6 @@ import math
 import os
 from pathlib import Path
 from typing import Any
-
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
-console = Console(stderr=True, highlight=False)
 
 
 def _clean(value: Any) -> Any:
@@ -119,25 +114,3 @@ class JsonlLog:
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
     """Every record of a JSON-lines file; a torn last line (a killed writer's) is skipped."""
     return [r for _, r in _parse(Path(path).read_text(), Path(path))]
-
-
-def progress() -> Progress:
-    return Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.fields[info]}"),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-        console=console,
-        transient=False,
-    )
-
-
-def step_line(m: dict[str, Any], total: int) -> str:
-    """One readable console line per step."""
-    return (
-        f"step {m['step']:>4}/{total}  reward {m['reward/mean']:.3f}  loss {m['loss']:+.4f}  "
-        f"entropy {m['entropy']:.3f}  len {m['length/mean']:.1f}  "
-        f"gen {m['time/generate']:.1f}s upd {m['time/update']:.1f}s  {m['tokens/s']:.0f} tok/s"
-    )

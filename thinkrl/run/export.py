@@ -14,11 +14,11 @@ from pathlib import Path
 
 import torch
 
-from thinkrl.configure import load_config
+from thinkrl.config.load import load_config
 from thinkrl.errors import UserError
-from thinkrl.evaluate import find_checkpoint
-from thinkrl.logs import console
 from thinkrl.models import load_base, load_tokenizer, resolve_path
+from thinkrl.run.checkpoint import find_checkpoint
+from thinkrl.run.console import console
 
 
 def export(source: Path, out: Path, merge: bool = False, dtype: str = "float32") -> Path:

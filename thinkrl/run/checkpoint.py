@@ -189,3 +189,16 @@ def load(ckpt: Path, model, optimizer, scheduler, method, sampler=None, seed_poo
     if seed_pool is not None:
         seed_pool.load(ckpt, next(model.parameters()).device)
     return json.loads((ckpt / "trainer_state.json").read_text())
+
+
+def find_checkpoint(model_arg: str) -> tuple[Path, Path] | None:
+    """(run_dir, checkpoint) when `model_arg` is a run directory or one of its checkpoints."""
+    p = Path(model_arg)
+    if (p / "config.yaml").is_file():
+        ckpt = latest(p)
+        if ckpt is None:
+            raise UserError(f"run directory {p} has no complete checkpoint yet")
+        return p, ckpt
+    if (p / MARKER).is_file() and p.parent.name == "checkpoints":
+        return p.parent.parent, p
+    return None

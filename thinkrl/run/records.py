@@ -3,7 +3,7 @@
 With several processes each rank holds its own groups. Row-level statistics (rewards, lengths) are
 recomputed from every rank's rows, counts are summed, wall times are the slowest rank's, and other
 per-group statistics are averaged weighted by each rank's number of groups; the update's metrics are
-already global (thinkrl/update.py reduces them). Only rank 0 writes.
+already global (thinkrl/learner/update.py reduces them). Only rank 0 writes.
 """
 
 from __future__ import annotations

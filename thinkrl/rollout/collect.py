@@ -20,8 +20,9 @@ from torch import Tensor
 
 from thinkrl import distributed
 from thinkrl.data import Prompt, step_prompts
-from thinkrl.rollout import Completions, Sampling, generate
-from thinkrl.seeds import seeded_generate
+from thinkrl.rollout.completions import Completions, Sampling
+from thinkrl.rollout.engines.lean import generate
+from thinkrl.rollout.seeds import seeded_generate
 
 
 @dataclass
@@ -52,7 +53,7 @@ def _round_prompts(prompts: list[Prompt], step: int, rnd: int, per_step: int, se
 def collect(step: int, prompts: list[Prompt], cfg, sampler, tok, pool, generator, eos: list[int], pad: int,
             record_topk: int = 0, record_entropy: bool = False, seed_pool=None) -> StepSamples:
     """The step's kept groups, sampled with `sampler` (its last refresh) and graded by `pool`; with a
-    Thinking Seeds `seed_pool`, part of each group starts from historical prefixes (thinkrl/seeds.py)."""
+    Thinking Seeds `seed_pool`, part of each group starts from historical prefixes (thinkrl/rollout/seeds.py)."""
     rc, G = cfg.rollout, cfg.rollout.group_size
     rank, world = distributed.world()
     target = rc.prompts_per_step // world  # groups this rank keeps

@@ -11,7 +11,7 @@ from pathlib import Path
 import yaml
 
 from thinkrl.errors import UserError
-from thinkrl.logs import read_jsonl
+from thinkrl.run.jsonl import read_jsonl
 
 
 @dataclass

@@ -1,7 +1,7 @@
-"""Loading a run configuration: defaults (thinkrl/config.py) -> YAML file -> strict `-o key=value` overrides,
+"""Loading a run configuration: defaults (thinkrl/config/sections.py) -> YAML file -> strict `-o key=value` overrides,
 then the cross-field checks of `resolve`.
 
-One path only: defaults written in thinkrl/config.py, a YAML in configs/ that holds what differs, then
+One path only: defaults written in thinkrl/config/sections.py, a YAML in configs/ that holds what differs, then
 dotted overrides whose values are parsed with `yaml.safe_load`. Unknown keys and wrong types are errors
 that name the key (and the closest valid one). The `method:` section is validated against the chosen
 method's own Config. The resolved config (every default filled in) is written into each run directory.
@@ -17,8 +17,8 @@ from typing import Any
 import yaml
 
 from thinkrl.config import Config, MethodSection
+from thinkrl.config.typecheck import closest, coerce, hints
 from thinkrl.errors import UserError
-from thinkrl.typecheck import closest, coerce, hints
 
 
 def all_keys(cls: type = Config, prefix: str = "") -> list[str]:

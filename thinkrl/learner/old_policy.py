@@ -22,8 +22,11 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from thinkrl.batch import visit_distributions
-from thinkrl.methods._common import js_divergence
+from thinkrl.config import Config
+from thinkrl.learner.batching import RolloutBatch, micro_batches
+from thinkrl.learner.logprobs import visit_distributions
+from thinkrl.methods import Method
+from thinkrl.ops import js_divergence
 
 
 @dataclass
@@ -35,30 +38,8 @@ class OldPolicy:
     token_js: Tensor | None = None  # (B, T)
 
 
-def micro_batches(rows: Tensor, lengths: Tensor, size: int, group_size: int, max_tokens: int = 0) -> list[Tensor]:
-    """Rows ordered by prompt group, longest completion first within a group, cut into micro-batches of at
-    most `size` rows and, with max_tokens, at most that many padded completion tokens (rows x longest):
-    a group's completions share one prompt forward, similar lengths pad less, and long completions get
-    fewer rows per pass, so activation memory stays bounded as completions grow."""
-    key = (rows // group_size) * (lengths.max() + 1) - lengths[rows]
-    order = rows[torch.argsort(key, stable=True)].tolist()
-    out, current, longest = [], [], 0
-    for r in order:
-        L = int(lengths[r])
-        if current and (len(current) == size or (max_tokens and (len(current) + 1) * max(longest, L) > max_tokens)):
-            out.append(torch.tensor(current))
-            current, longest = [], 0
-        current.append(r)
-        longest = max(longest, L)
-    if current:
-        out.append(torch.tensor(current))
-    return out
-
-
-def needs_pass(method, cfg) -> bool:
+def needs_pass(method: Method, cfg: Config) -> bool:
     """Whether the update phase must run the no-grad pi_old pass first."""
-    from thinkrl.methods import Method
-
     needs, tc = method.requires, cfg.train
     if tc.old_policy == "sampler":
         return "token_js" in needs
@@ -68,8 +49,8 @@ def needs_pass(method, cfg) -> bool:
 
 
 @torch.no_grad()
-def old_policy(model, rb, method, cfg, pad_id: int) -> OldPolicy:
-    """Everything the method requires of pi_old, for the whole rollout batch rb (thinkrl/update.py)."""
+def old_policy(model, rb: RolloutBatch, method: Method, cfg: Config, pad_id: int) -> OldPolicy:
+    """Everything the method requires of pi_old, for the whole rollout batch rb (thinkrl/learner/update.py)."""
     needs, tc, comp = method.requires, cfg.train, rb.comp
     if tc.old_policy == "sampler":
         out = OldPolicy(comp.behav_logp, comp.entropy, comp.topk_ids, comp.topk_logp)
@@ -86,7 +67,7 @@ def old_policy(model, rb, method, cfg, pad_id: int) -> OldPolicy:
 
 
 @torch.no_grad()
-def policy_pass(model, rb, cfg, pad_id: int, entropy: bool = False, K: int = 0) -> OldPolicy:
+def policy_pass(model, rb: RolloutBatch, cfg: Config, pad_id: int, entropy: bool = False, K: int = 0) -> OldPolicy:
     """log-probs of the rollout's tokens under `model` (B, T), optionally entropy and the top-K (B, T, K)."""
     comp = rb.comp
     B, T = comp.tokens.shape
@@ -109,7 +90,7 @@ def policy_pass(model, rb, cfg, pad_id: int, entropy: bool = False, K: int = 0) 
     return out
 
 
-def _each_chunk(model, rb, cfg, pad_id: int, fn) -> None:
+def _each_chunk(model, rb: RolloutBatch, cfg: Config, pad_id: int, fn) -> None:
     """fn(logp (n, V), (rows, cols) of those n positions in the (B, T) batch, their token ids (n,))."""
     comp, tc = rb.comp, cfg.train
     for rows in micro_batches(torch.arange(comp.tokens.shape[0]), comp.lengths.cpu(), tc.micro_batch_size, rb.group_size, tc.micro_batch_tokens):
@@ -126,12 +107,12 @@ def _each_chunk(model, rb, cfg, pad_id: int, fn) -> None:
         visit_distributions(model, prompts, tokens, mask, pad_id, cfg.rollout.temperature, visit)
 
 
-def _token_js(model, rb, method, cfg, pad_id: int) -> Tensor:
+def _token_js(model, rb: RolloutBatch, method: Method, cfg: Config, pad_id: int) -> Tensor:
     """(B, T) JS divergence of pi_old's distribution at each valid position to the mean distribution over
     the valid positions of the batch (method.js_reference == 'batch') or of the same response ('response')."""
     comp = rb.comp
     B, T = comp.tokens.shape
-    per_response = getattr(method, "js_reference", "batch") == "response"
+    per_response = method.js_reference == "response"
     sums: dict[str, Tensor] = {}
 
     def accumulate(logp: Tensor, where, y) -> None:

@@ -1,0 +1,90 @@
+"""The output head on N hidden states: log pi(y), entropy and top-K log-probs of softmax(h W^T / T).
+
+Two implementations of the same numbers. `FusedHead` is the common case (a bias-free linear head without
+logit scaling) with the backward written out, which spends fewer full-vocabulary passes than autograd
+through logsumexp + gather; `head_logp` is plain autograd for everything else (top-K, scaled or softcapped
+logits). Callers (thinkrl/learner/logprobs.py) cut N into chunks so no (N, V) float32 tensor gets large.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def tempered_logits(head, config, hidden: Tensor, temperature: float) -> Tensor:
+    """Tempered float32 logits of N hidden states, with the model's own scaling/softcapping.  (N, H) -> (N, V)"""
+    logits = head(hidden).float()  # (N, V)
+    if getattr(config, "logit_scale", None):
+        logits = logits * config.logit_scale
+    if getattr(config, "final_logit_softcapping", None):
+        cap = config.final_logit_softcapping
+        logits = torch.tanh(logits / cap) * cap
+    return logits / temperature
+
+
+def head_logp(head, config, hidden: Tensor, targets: Tensor, temperature: float, want_entropy: bool, topk_ids: Tensor | None):
+    """log-prob of targets (N,), detached entropy (N,), and log-probs at topk_ids (N, K) for N hidden states.
+    Plain autograd; the common case (no top-K, no logit scaling) goes through FusedHead instead."""
+    logits = tempered_logits(head, config, hidden, temperature)  # (N, V)
+    logz = torch.logsumexp(logits, -1)  # (N,)
+    logp = logits.gather(-1, targets[:, None]).squeeze(-1) - logz  # (N,)
+    topk = logits.gather(-1, topk_ids) - logz[:, None] if topk_ids is not None else logp.new_zeros((len(logp), 0))  # (N, K)
+    if not want_entropy:
+        return logp, torch.zeros_like(logp.detach()), topk
+    with torch.no_grad():
+        ent = logz - (torch.softmax(logits, -1) * logits).sum(-1)  # (N,)  H = log Z - E_p[logit]
+    return logp, ent, topk
+
+
+def _row_dot(a: Tensor, b: Tensor) -> Tensor:
+    """sum(a * b, -1) without an (N, V) temporary.  (N, V), (N, V) -> (N,)"""
+    return (a[:, None, :] @ b[:, :, None]).squeeze(-1).squeeze(-1)
+
+
+class FusedHead(torch.autograd.Function):
+    """log pi(y) and the entropy of softmax(h W^T / T) over N positions, with the backward written out:
+    d log pi(y) / d logits = (onehot(y) - p) / T. Autograd through logsumexp + gather spends about twice as
+    many full-vocabulary passes (the profile's largest non-matmul cost in a training step). keep=True saves p
+    (N, V) for the backward; keep=False saves only h and log Z and recomputes p, which bounds memory when a
+    micro-batch is cut into several chunks."""
+
+    @staticmethod
+    def forward(ctx, hidden: Tensor, weight: Tensor, targets: Tensor, temperature: float, keep: bool):
+        logits = (hidden @ weight.t()).float()  # (N, V)
+        if temperature != 1.0:
+            logits.div_(temperature)
+        logz = torch.logsumexp(logits, -1)  # (N,)
+        logp_all = logits.sub_(logz[:, None])  # (N, V) log p, in place
+        p = logp_all.exp()  # (N, V)
+        entropy = -_row_dot(p, logp_all)  # (N,)
+        logp = logp_all.gather(-1, targets[:, None]).squeeze(-1)  # (N,)
+        ctx.temperature, ctx.keep = temperature, keep
+        ctx.save_for_backward(hidden, weight, targets, p if keep else logz)
+        ctx.mark_non_differentiable(entropy)
+        return logp, entropy
+
+    @staticmethod
+    def backward(ctx, grad_logp: Tensor, _grad_entropy):
+        hidden, weight, targets, saved = ctx.saved_tensors
+        T = ctx.temperature
+        if ctx.keep:
+            p = saved
+        else:  # recompute p from h and log Z
+            p = (hidden @ weight.t()).float()
+            if T != 1.0:
+                p.div_(T)
+            p = p.sub_(saved[:, None]).exp_()
+        g = grad_logp.float() / T  # (N,)
+        grad_logits = p * -g[:, None]  # (N, V)
+        grad_logits.scatter_add_(-1, targets[:, None], g[:, None])  # + onehot(y) g
+        grad_logits = grad_logits.to(hidden.dtype)
+        grad_h = grad_logits @ weight if ctx.needs_input_grad[0] else None  # (N, H)
+        grad_w = grad_logits.t() @ hidden if ctx.needs_input_grad[1] else None  # (V, H)
+        return grad_h, grad_w, None, None, None
+
+
+def is_plain_head(head, config) -> bool:
+    """A bias-free linear head without logit scaling or softcapping: what FusedHead computes."""
+    scaled = getattr(config, "logit_scale", None) or getattr(config, "final_logit_softcapping", None)
+    return isinstance(head, torch.nn.Linear) and head.bias is None and not scaled

@@ -1,0 +1,141 @@
+"""Per-token log-probs of given completions under a model: the trainer's forward.
+
+`token_logprobs` returns log pi(y_t) (B, T) under softmax(logits / temperature), and on request the entropy
+and the log-probs at given top-K ids. Two things keep it cheap: completions of one group share one prompt
+forward (a differentiable KV cache), and the output head runs on generated positions only, in chunks
+(thinkrl/learner/head.py), so no (B, T, V) float32 logits exist at once, forward or backward.
+`PolicyLogProbs` wraps it as one module for Accelerate (DDP/FSDP see its forward).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from thinkrl.learner.head import FusedHead, head_logp, is_plain_head, tempered_logits
+from thinkrl.models import cache_kwarg, left_pad
+
+CHUNK_ELEMS = 2**25  # logits elements per chunk (128 MB in float32): bounds memory for any B, T, V
+
+
+class LogProbs(NamedTuple):
+    logp: Tensor  # (B, T) log pi(y_t), 0 at mask == 0; carries grad under autograd
+    entropy: Tensor | None  # (B, T) detached entropy of pi's next-token distribution (when asked for)
+    topk_logp: Tensor | None  # (B, T, K) log pi at the given top-K ids (when given)
+
+
+def _body_and_head(model):
+    """The transformer body (hidden states) and the output head of a (peft-wrapped) causal LM."""
+    base = model.module if hasattr(model, "module") else model  # DDP wrapper
+    base = base.get_base_model() if hasattr(base, "get_base_model") else base  # peft: LoRA layers stay active
+    return base.get_decoder(), base.get_output_embeddings(), base.config
+
+
+def _hidden(model, prompts: list[list[int]], completions: Tensor, mask: Tensor, pad_id: int):
+    """Hidden states (N, H) that predict each generated token (mask == 1, row-major), the targets (N,),
+    and the output head and config."""
+    from transformers import DynamicCache
+
+    body, head, config = _body_and_head(model)
+    if getattr(body, "gradient_checkpointing", False) and body.training and torch.is_grad_enabled():
+        return _hidden_packed(body, prompts, completions, mask, pad_id), completions[mask], head, config
+    # Completions of one group share their prompt: run each distinct prompt once, with grad, and let every
+    # completion attend to its (differentiable) key/value cache. Identical values and gradients to packing
+    # [prompt | completion] per row, at a fraction of the cost when G completions share a prompt.
+    slot: dict[tuple[int, ...], int] = {}
+    which = torch.tensor([slot.setdefault(tuple(p), len(slot)) for p in prompts], device=completions.device)  # (B,)
+    p_ids, p_attn, p_pos = left_pad([list(p) for p in slot], pad_id, completions.device)  # (U, Lp)
+    cache = DynamicCache()
+    kv = {cache_kwarg(body): cache, "use_cache": True}
+    h_prompt = body(input_ids=p_ids, attention_mask=p_attn, position_ids=p_pos, **kv).last_hidden_state[:, -1]  # (U, H)
+    if len(slot) < len(prompts):
+        # index_select, not cache.batch_select_indices: the backward of advanced indexing with repeated
+        # indices accumulates in a thread-dependent order on CPU, which made runs irreproducible
+        for layer in cache.layers:
+            layer.keys, layer.values = layer.keys.index_select(0, which), layer.values.index_select(0, which)
+    B, T = completions.shape
+    attn = torch.cat([p_attn[which], torch.ones((B, T), dtype=torch.long, device=completions.device)], dim=1)  # (B, Lp + T)
+    pos = p_pos[which, -1:] + 1 + torch.arange(T, device=completions.device)  # (B, T)
+    h_comp = body(input_ids=completions, attention_mask=attn, position_ids=pos, **kv).last_hidden_state  # (B, T, H)
+    # the state before each generated token predicts it: last prompt state, then completion states 0..T-2
+    h = torch.cat([h_prompt.index_select(0, which)[:, None], h_comp[:, :-1]], dim=1)[mask]  # (N, H)
+    return h, completions[mask], head, config
+
+
+def _hidden_packed(body, prompts: list[list[int]], completions: Tensor, mask: Tensor, pad_id: int) -> Tensor:
+    """_hidden for gradient checkpointing, which turns the KV cache off (a replayed layer would write it
+    twice): one [left-padded prompt | completion] sequence per row, no cache. Same values, more compute."""
+    p_ids, p_attn, _ = left_pad(prompts, pad_id, completions.device)  # (B, Lp)
+    Lp, T = p_ids.shape[1], completions.shape[1]
+    attn = torch.cat([p_attn, torch.ones_like(completions)], dim=1)  # (B, Lp + T)
+    pos = (attn.cumsum(-1) - 1).clamp(min=0)
+    h = body(input_ids=torch.cat([p_ids, completions], dim=1), attention_mask=attn, position_ids=pos, use_cache=False).last_hidden_state
+    return h[:, Lp - 1 : Lp - 1 + T][mask]  # (N, H): the state before each generated token
+
+
+def token_logprobs(
+    model,
+    prompts: list[list[int]],
+    completions: Tensor,
+    mask: Tensor,
+    pad_id: int,
+    temperature: float,
+    entropy: bool = False,
+    topk_ids: Tensor | None = None,
+) -> LogProbs:
+    """log pi(y_t) (B, T) of `completions` after their `prompts`, under softmax(logits / temperature); with
+    `entropy` its entropy (B, T), with topk_ids (B, T, K) log pi at those ids (B, T, K). The head runs only on
+    generated positions (mask == 1), in chunks; under autograd each chunk is checkpointed or uses FusedHead."""
+    h, y, head, config = _hidden(model, prompts, completions, mask, pad_id)
+    ids = topk_ids[mask] if topk_ids is not None else None  # (N, K)
+    rows = max(1, CHUNK_ELEMS // head.weight.shape[0])
+    parts: list[tuple[Tensor, Tensor, Tensor]] = []
+    fused = ids is None and is_plain_head(head, config)
+    for s in range(0, h.shape[0], rows):
+        if fused:  # one chunk: keep p for the backward; several: recompute it, as checkpointing would
+            lp, ent = FusedHead.apply(h[s : s + rows], head.weight, y[s : s + rows], temperature, h.shape[0] <= rows)
+            parts.append((lp, ent, lp.new_zeros((len(lp), 0))))
+            continue
+        args = (head, config, h[s : s + rows], y[s : s + rows], temperature, entropy, ids[s : s + rows] if ids is not None else None)
+        if torch.is_grad_enabled() and h.shape[0] > rows:
+            from torch.utils.checkpoint import checkpoint
+
+            parts.append(checkpoint(head_logp, *args, use_reentrant=False))
+        else:
+            parts.append(head_logp(*args))
+    lp, ent, topk = (torch.cat(x) for x in zip(*parts)) if parts else (h.new_zeros(0), h.new_zeros(0), h.new_zeros((0, 0)))
+    logp = torch.zeros(mask.shape, dtype=torch.float32, device=h.device).masked_scatter(mask, lp)  # (B, T)
+    ent = torch.zeros(mask.shape, dtype=torch.float32, device=h.device).masked_scatter(mask, ent) if entropy else None
+    if topk_ids is None:
+        return LogProbs(logp, ent, None)
+    out = torch.zeros((*mask.shape, topk_ids.shape[-1]), dtype=torch.float32, device=h.device)  # (B, T, K)
+    return LogProbs(logp, ent, out.masked_scatter(mask[..., None].expand_as(out), topk))
+
+
+@torch.no_grad()
+def visit_distributions(model, prompts: list[list[int]], completions: Tensor, mask: Tensor, pad_id: int, temperature: float, visit) -> None:
+    """Call visit(logp (n, V), start) for consecutive chunks of the N generated positions (row-major over
+    mask == 1), logp being the tempered next-token log-distribution: for statistics that need the whole
+    vocabulary (top-K, JS divergence) without ever holding (B, T, V) of it."""
+    h, _, head, config = _hidden(model, prompts, completions, mask, pad_id)
+    rows = max(1, CHUNK_ELEMS // head.weight.shape[0])
+    for s in range(0, h.shape[0], rows):
+        visit(torch.log_softmax(tempered_logits(head, config, h[s : s + rows], temperature), -1), s)
+
+
+class PolicyLogProbs(torch.nn.Module):
+    """The policy as one module whose forward is token_logprobs: what Accelerate wraps in DDP/FSDP/DeepSpeed.
+
+    token_logprobs runs the decoder body and the output head as separate calls (shared prompt cache, head
+    on generated positions only). A wrapper such as DDP prepares its gradient all-reduce in its own
+    forward, so those calls must happen inside it; wrapping this module does that. `.policy` is the
+    transformers / peft model itself (sampling, checkpoints, export)."""
+
+    def __init__(self, policy) -> None:
+        super().__init__()
+        self.policy = policy
+
+    def forward(self, prompts, completions, mask, pad_id: int, temperature: float, entropy: bool = False, topk_ids=None) -> LogProbs:
+        return token_logprobs(self.policy, prompts, completions, mask, pad_id, temperature, entropy, topk_ids)

@@ -1,0 +1,231 @@
+"""The update phase of one step: rollout batch -> TokenBatches -> method.loss -> optimizer steps.
+
+updates per rollout = train.mini_batches x train.epochs. With one update the policy that sampled the
+batch is the policy being updated, so old_logp = logp.detach() exactly and no extra forward is spent;
+otherwise old_logp, and whatever else the method requires of pi_old, comes from one no-grad pass before
+the first update (thinkrl/learner/old_policy.py), after which the method's begin_step sees the whole batch.
+Within a mini-batch, sequences are cut into micro-batches (thinkrl/learner/batching.py); losses use the
+mini-batch's global token and sequence counts, so the cut never changes the update.
+With several processes (thinkrl/distributed.py) "global" spans the ranks: counts are summed over them, the
+loss is scaled by the world size (DDP averages gradients), every rank runs exactly one gradient-synchronising
+backward per mini-batch (the others under no_sync), and a rank whose share of a mini-batch is all padding
+runs a zero-weight pass so the collectives stay in step.
+
+A mini-batch whose loss or gradient norm is NaN/inf is not applied: its gradients are dropped, it is counted
+in update/skipped_nonfinite, and its metrics are left out of the step's averages (train.py stops the run
+after train.max_nonfinite_steps steps in a row with nothing applied). The LR schedule still advances, as it
+already did for a mini-batch with every token masked. Either choice resumes exactly (scheduler.pt holds the
+position); advancing keeps the schedule a clock over the planned updates (steps x mini_batches x epochs), so
+the LR at step s is the same in every run of a config and the decay ends with the run, where not advancing
+would shift the rest of the schedule by each skip. Adam's step count (its bias correction) advances only
+with updates actually applied.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from thinkrl import distributed
+from thinkrl.batch import TokenBatch
+from thinkrl.config import Config
+from thinkrl.learner import correction
+from thinkrl.learner.batching import RolloutBatch, update_passes
+from thinkrl.learner.logprobs import LogProbs
+from thinkrl.learner.old_policy import OldPolicy, old_policy, policy_pass
+from thinkrl.methods import Method
+from thinkrl.ops import masked_mean
+
+
+@dataclass
+class UpdateContext:
+    """What the update phase works with; train.py builds it once."""
+
+    model: Any  # the (Accelerate-wrapped) PolicyLogProbs: the training forward goes through it, so DDP/FSDP see it
+    method: Method
+    optimizer: torch.optim.Optimizer
+    scheduler: Any  # a torch LR scheduler (Accelerate wraps it)
+    accelerator: Any
+    cfg: Config
+    pad_id: int
+    ref_model: Callable | None = None  # context-manager factory yielding the reference policy (methods needing ref_logp)
+
+    @property
+    def policy(self):
+        """The transformers / peft model itself: no-grad passes need no gradient sync."""
+        return self.accelerator.unwrap_model(self.model).policy
+
+
+@dataclass
+class _Step:
+    """One update phase's inputs and running totals."""
+
+    rb: RolloutBatch
+    old: OldPolicy
+    ref_logp: Tensor | None
+    generator: torch.Generator
+    lengths: Tensor  # (B,) on the CPU
+    mask: Tensor  # (B, T) on the CPU: token counts from here, no device sync per micro-batch
+    sums: dict[str, Tensor]  # detached running sums; .item() once at the end (no per-micro-batch sync)
+    tokens: int = 0
+    updates: int = 0
+    skipped: int = 0
+
+
+def update(ctx: UpdateContext, rb: RolloutBatch, generator: torch.Generator) -> dict[str, float]:
+    """Every optimizer step of one training step on rollout batch rb; returns the step's update metrics."""
+    tc, method = ctx.cfg.train, ctx.method
+    old = old_policy(ctx.policy, rb, method, ctx.cfg, ctx.pad_id)  # nothing unless the update needs pi_old first
+    ref_logp = None
+    if "ref_logp" in method.requires and ctx.ref_model is not None:
+        with ctx.ref_model() as ref:
+            ref_logp = policy_pass(ref, rb, ctx.cfg, ctx.pad_id).logp
+    step_metrics = method.begin_step(_view(rb, old)) if old.logp is not None else {}
+    st = _Step(rb, old, ref_logp, generator, rb.comp.lengths.cpu(), rb.comp.mask.cpu(), {})
+    B = rb.comp.tokens.shape[0]
+    ctx.model.train()
+    for _ in range(tc.epochs):
+        # the global RNG is reseeded from (seed, step) each step, so this shuffle is reproducible
+        order = torch.randperm(B) if tc.mini_batches > 1 else torch.arange(B)
+        for mini in order.tensor_split(tc.mini_batches):  # exactly mini_batches pieces, on every rank
+            _mini_batch(ctx, st, mini, order)
+    return _metrics(ctx, st, step_metrics)
+
+
+def _mini_batch(ctx: UpdateContext, st: _Step, mini: Tensor, order: Tensor) -> None:
+    """Forward and backward every micro-batch of one mini-batch, then one optimizer step (or a skip)."""
+    tc, method, accelerator = ctx.cfg.train, ctx.method, ctx.accelerator
+    world = distributed.world()[1]
+    num_tokens, num_seqs = (int(x) for x in distributed.all_sum([float(st.mask[mini].sum()), float(len(mini))]))
+    # a method that takes statistics over the batch it sees (80/20, STAPO) gets the whole mini-batch at once
+    size = len(st.lengths) if method.batch_statistics else tc.micro_batch_size
+    cap = 0 if method.batch_statistics else tc.micro_batch_tokens
+    micros = update_passes(mini, order, st.lengths, st.mask, size, st.rb.group_size, cap, num_tokens, world)
+    loss_sum: Tensor | float = 0.0
+    sums: dict[str, Tensor] = {}  # this mini-batch's; kept only if it is applied
+    tokens = 0
+    for i, rows in enumerate(micros):
+        n = int(st.mask[rows].sum())
+        sync = contextlib.nullcontext() if world == 1 or i == len(micros) - 1 else accelerator.no_sync(ctx.model)
+        with sync:
+            if n == 0:  # several processes only: keep this rank's backward count in step with the others'
+                accelerator.backward(_forward(ctx, st.rb, rows, None)[0].logp.sum() * 0.0)
+                continue
+            loss, metrics, ent, mask = _micro_loss(ctx, st, rows, num_tokens, num_seqs)
+            accelerator.backward(loss * world)  # DDP averages over ranks; the loss is already over global counts
+        loss_sum = loss_sum + loss.detach()
+        tokens += n
+        _add(sums, "entropy", torch.where(mask, ent, 0.0).sum())
+        for k, v in metrics.items():
+            _add(sums, k, v.detach().float() * n)
+    if world > 1 and micros:  # the global loss (each rank's part is over global counts): one NaN verdict for all
+        loss_sum = torch.tensor(distributed.all_sum([float(loss_sum)])[0])
+    trained = isinstance(loss_sum, Tensor)  # False: every row of this mini-batch was masked
+    params = [p for p in ctx.model.parameters() if p.requires_grad]
+    grad_norm = accelerator.clip_grad_norm_(params, tc.grad_clip if tc.grad_clip > 0 else float("inf"))
+    # one device sync per optimizer step: a NaN/inf gradient would enter Adam's moments and poison every
+    # later update, so it must be caught before optimizer.step()
+    finite = not trained or bool(torch.isfinite(grad_norm) & torch.isfinite(torch.as_tensor(loss_sum)))
+    if finite:
+        ctx.optimizer.step()
+    else:
+        st.skipped += 1
+    with warnings.catch_warnings():  # torch warns when the schedule moves before any optimizer.step()
+        warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)`")
+        ctx.scheduler.step()  # also for a skipped update: see the module docstring
+    ctx.optimizer.zero_grad(set_to_none=True)
+    if trained and finite:
+        for k, v in sums.items():
+            _add(st.sums, k, v)
+        _add(st.sums, "loss", torch.as_tensor(loss_sum))
+        _add(st.sums, "grad_norm", grad_norm.detach().float())
+        st.tokens += tokens
+        st.updates += 1
+
+
+def _forward(ctx: UpdateContext, rb: RolloutBatch, rows: Tensor, topk_ids: Tensor | None) -> tuple[LogProbs, int]:
+    """log-probs and entropy (and log-probs at topk_ids) of the given rows, trimmed to their longest completion."""
+    T = int(rb.comp.lengths[rows].max())
+    prompts = [rb.prompt_ids[i] for i in rows.tolist()]
+    ids = topk_ids[rows, :T] if topk_ids is not None else None
+    out = ctx.model(prompts, rb.comp.tokens[rows, :T], rb.comp.mask[rows, :T], ctx.pad_id, ctx.cfg.rollout.temperature, True, ids)
+    return out, T
+
+
+def _micro_loss(ctx: UpdateContext, st: _Step, rows: Tensor, num_tokens: int, num_seqs: int):
+    """Forward one micro-batch and apply the method: (loss, metrics, entropy (b, T), mask (b, T))."""
+    rb, old, cfg, needs = st.rb, st.old, ctx.cfg, ctx.method.requires
+    out, T = _forward(ctx, rb, rows, old.topk_ids if "topk_logp" in needs else None)
+    logp, ent = out.logp, out.entropy
+    assert ent is not None  # the training forward always computes it (metrics)
+    mask = rb.comp.mask[rows, :T]
+    old_logp = old.logp[rows, :T] if old.logp is not None else logp.detach()
+    behav = rb.comp.behav_logp[rows, :T]
+    topk = bool(needs & {"topk_ids", "topk_old_logp", "topk_logp"})
+
+    def cut(x: Tensor | None) -> Tensor | None:
+        return x[rows, :T] if x is not None else None
+
+    batch = TokenBatch(
+        logp=logp,
+        old_logp=old_logp,
+        behav_logp=behav,
+        advantages=rb.advantages[rows],
+        mask=mask,
+        token_ids=rb.comp.tokens[rows, :T],
+        prefix_mask=cut(rb.comp.prefix_mask),
+        entropy=ent if "entropy" in needs else None,
+        old_entropy=cut(old.entropy) if "old_entropy" in needs else None,
+        ref_logp=cut(st.ref_logp),
+        topk_ids=cut(old.topk_ids) if topk else None,
+        topk_old_logp=cut(old.topk_logp) if topk else None,
+        topk_logp=out.topk_logp,
+        token_js=cut(old.token_js),
+        num_tokens=num_tokens,
+        num_seqs=num_seqs,
+        generator=st.generator,
+        is_weights=correction.weights(old_logp, behav, mask, cfg.correction),
+    )
+    loss, metrics = ctx.method.loss(batch)
+    # the sampler against the trainer: pi_old, or this forward's logp when pi_old is the sampler itself
+    trainer_logp = logp.detach() if cfg.train.old_policy == "sampler" else old_logp
+    sampled_now = mask if batch.prefix_mask is None else mask & ~batch.prefix_mask  # not historical prefixes
+    metrics = {**metrics, **correction.mismatch_stats(trainer_logp, behav, sampled_now)}
+    if batch.is_weights is not None:
+        metrics["correction/weight_mean"] = masked_mean(batch.is_weights, mask)
+        metrics["correction/zero_frac"] = masked_mean(batch.is_weights == 0, mask)
+    return loss, metrics, ent, mask
+
+
+def _metrics(ctx: UpdateContext, st: _Step, step_metrics: dict[str, Tensor]) -> dict[str, float]:
+    """The step's update metrics: loss and grad_norm per applied update, the rest token-weighted over ranks."""
+    sums = {k: float(v) for k, v in st.sums.items()}  # the one host sync for the metrics
+    shared = {k: sums.pop(k) for k in ("loss", "grad_norm") if k in sums}  # already equal on every rank
+    sums = distributed.sum_dicts({**sums, "_tokens": float(st.tokens)})  # token-weighted sums of all ranks
+    tokens = sums.pop("_tokens")
+    out = {**{k: v / st.updates for k, v in shared.items()}, **{k: v / max(tokens, 1) for k, v in sums.items()}}
+    out.update(distributed.mean_dicts({k: float(v) for k, v in step_metrics.items()}))
+    if st.skipped and not st.updates:  # nothing applied: show the failure, not a clean 0.0
+        out["loss"] = out["grad_norm"] = float("nan")
+    out["update/optimizer_steps"] = st.updates
+    out["update/skipped_nonfinite"] = st.skipped
+    out["lr"] = ctx.scheduler.get_last_lr()[0]
+    return out
+
+
+def _view(rb: RolloutBatch, old: OldPolicy) -> TokenBatch:
+    """The whole rollout batch as a detached TokenBatch, for Method.begin_step."""
+    comp = rb.comp
+    assert old.logp is not None
+    return TokenBatch(logp=old.logp, old_logp=old.logp, behav_logp=comp.behav_logp, advantages=rb.advantages,
+                      mask=comp.mask, token_ids=comp.tokens, old_entropy=old.entropy, prefix_mask=comp.prefix_mask)
+
+
+def _add(sums: dict[str, Tensor], key: str, value: Tensor) -> None:
+    sums[key] = sums[key] + value if key in sums else value
