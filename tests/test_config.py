@@ -57,9 +57,33 @@ def test_method_section_is_validated_against_the_method_config():
         resolve(load_config(overrides=["method.name=nosuch"]))
 
 
-def test_cross_field_checks():
-    with pytest.raises(UserError, match="rollout.temperature must be > 0"):
-        resolve(load_config(overrides=["rollout.temperature=0"]))
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("rollout.temperature=0", r"rollout.temperature must be > 0 for training"),
+        ("rollout.top_p=1.5", r"rollout.top_p must be in \(0, 1\], got 1.5"),
+        ("model.lora.dropout=5", r"model.lora.dropout must be in \[0, 1\), got 5"),
+        ("train.adam_betas=[2, 2]", r"train.adam_betas must each be in \[0, 1\)"),
+        ("train.weight_decay=-1", r"train.weight_decay must be >= 0"),
+        ("verifier.workers=0", r"verifier.workers must be >= 1"),
+        ("eval.preset=fast", r"eval.preset='fast': choose auto, train, greedy or reasoning"),
+        ("seeds.frac_min=0.9", r"seeds.frac_min and frac_max need 0 < frac_min <= frac_max <= 1"),
+    ],
+)
+def test_each_section_checks_its_own_fields_when_loaded(override, message):
+    """Single-field checks live in the section's __post_init__ and run on the loaded values, named by path."""
+    with pytest.raises(UserError, match=message):
+        load_config(overrides=[override])
+
+
+def test_checks_that_span_sections_are_in_resolve():
+    cfg = load_config(overrides=["train.mini_batches=32"])  # each section on its own is fine
+    with pytest.raises(UserError, match=r"train.mini_batches=32 exceeds the 16 completions per step"):
+        resolve(cfg)
+    with pytest.raises(UserError, match=r"seeds.per_group=8 must be below rollout.group_size=8"):
+        resolve(load_config(overrides=["method.name=thinking_seeds", "seeds.per_group=8"]))
+    with pytest.raises(UserError, match=r"reward.overlong_buffer=48 must be below rollout.max_new_tokens=48"):
+        resolve(load_config(overrides=["reward.overlong_buffer=48"]))
 
 
 def test_malformed_and_missing_yaml(tmp_path):

@@ -3,6 +3,7 @@ import json
 import pytest
 
 from thinkrl.config import ArithConfig, DataConfig, PromptConfig
+from thinkrl.config.load import load_config
 from thinkrl.data import build_prompts, load_problems, normalise_answer, render_prompt, step_prompts
 from thinkrl.data.arith import _arith_value, arith_problems
 from thinkrl.errors import UserError
@@ -25,8 +26,11 @@ def test_arith_value_precedence():
 
 
 def test_arith_rejects_too_small_a_range():
-    with pytest.raises(UserError, match="too small"):
-        arith_problems(ArithConfig(min_value=1, max_value=3, train_size=100, test_size=10), "train")
+    overrides = ["data.arith.min_value=1", "data.arith.max_value=3", "data.arith.train_size=100", "data.arith.test_size=10"]
+    with pytest.raises(UserError, match=r"data.arith.min_value..max_value is too small a range for 110"):
+        load_config(overrides=overrides)
+    with pytest.raises(ValueError, match="too small"):  # a section checks itself however it is built
+        ArithConfig(min_value=1, max_value=3, train_size=100, test_size=10)
 
 
 def test_normalise_answer():

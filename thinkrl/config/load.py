@@ -1,5 +1,5 @@
 """Loading a run configuration: defaults (thinkrl/config/sections.py) -> YAML file -> strict `-o key=value` overrides,
-then the cross-field checks of `resolve`.
+then each section's own checks (`validate`) and the checks that span sections (`resolve`).
 
 One path only: defaults written in thinkrl/config/sections.py, a YAML in configs/ that holds what differs, then
 dotted overrides whose values are parsed with `yaml.safe_load`. Unknown keys and wrong types are errors
@@ -106,49 +106,48 @@ def load_config(path: str | Path | None = None, overrides: list[str] = (), **sho
     for key, value in shorthands.items():
         if value is not None:
             _set(cfg, key, value)
+    validate(cfg)
     return cfg
 
 
+def validate(cfg: Any, prefix: str = "") -> None:
+    """Run every section's own checks (its __post_init__) on the values it holds now, so a value set after
+    construction (YAML, -o) is checked like a default; the message is prefixed with the section's path."""
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            validate(value, f"{prefix}{f.name}.")
+    post_init = getattr(cfg, "__post_init__", None)
+    if post_init is not None:
+        try:
+            post_init()
+        except ValueError as e:
+            raise UserError(f"{prefix}{e}") from None
+
+
 def resolve(cfg: Config) -> Config:
-    """Validate cross-field rules and fill derived values (the method's full params, output_dir)."""
+    """Check every section, then the rules that span sections; fill derived values (the method's full
+    params, seeds.enabled, the constant L of seq-mean-token-sum-norm, output_dir)."""
     from thinkrl.methods import get_method  # late: methods import config helpers
 
+    validate(cfg)
     method = get_method(cfg.method.name, **cfg.method.params)
     cfg.method.params = method.config_dict()
     if cfg.seeds.enabled is None:
         cfg.seeds.enabled = "prefix_mask" in method.requires
     if cfg.method.params.get("norm_length") == 0:  # seq-mean-token-sum-norm's constant L: the budget
         cfg.method.params["norm_length"] = cfg.rollout.max_new_tokens
-    r, t = cfg.rollout, cfg.train
+    r, t, s = cfg.rollout, cfg.train, cfg.seeds
     checks = [
-        (r.group_size >= 1, "rollout.group_size must be >= 1"),
-        (r.prompts_per_step >= 1, "rollout.prompts_per_step must be >= 1"),
-        (r.max_new_tokens >= 1, "rollout.max_new_tokens must be >= 1"),
-        (r.temperature > 0, "rollout.temperature must be > 0 for training (sampling)"),
-        (0 < r.top_p <= 1, "rollout.top_p must be in (0, 1]"),
-        (t.steps >= 1, "train.steps must be >= 1"),
-        (t.lr > 0, "train.lr must be > 0"),
-        (t.micro_batch_size >= 1, "train.micro_batch_size must be >= 1"),
-        (t.micro_batch_tokens >= 0, "train.micro_batch_tokens must be >= 0 (0 = no cap)"),
-        (t.mini_batches >= 1 and t.epochs >= 1, "train.mini_batches and train.epochs must be >= 1"),
-        (r.prompts_per_step * r.group_size >= t.mini_batches, "train.mini_batches exceeds the completions per step"),
-        (len(t.adam_betas) == 2, "train.adam_betas needs two values"),
-        (t.max_nonfinite_steps >= 0, "train.max_nonfinite_steps must be >= 0 (0 = never stop)"),
-        (cfg.model.lora.rank >= 0, "model.lora.rank must be >= 0 (0 = full fine-tuning)"),
-        (cfg.verifier.timeout > 0 and cfg.verifier.workers >= 1, "verifier.timeout > 0 and verifier.workers >= 1"),
-        (cfg.eval.every >= 0 and cfg.eval.limit >= 0, "eval.every and eval.limit must be >= 0"),
-        (r.max_sampling_rounds >= 1, "rollout.max_sampling_rounds must be >= 1"),
-        (r.staleness >= 0, "rollout.staleness must be >= 0 (0 = sample with the current policy)"),
-        (cfg.seeds.every >= 1 and cfg.seeds.pool_size >= 1, "seeds.every and seeds.pool_size must be >= 1"),
-        (not cfg.seeds.enabled or 1 <= cfg.seeds.per_group < r.group_size,
-         f"seeds.per_group={cfg.seeds.per_group} must be in [1, rollout.group_size) so each group keeps on-policy samples"),
-        (not (cfg.seeds.enabled and t.old_policy == "sampler"), "seeds.enabled needs train.old_policy=recompute (seeded prefixes come from another policy)"),
-        (not cfg.seeds.enabled or 0 < cfg.seeds.frac_min <= cfg.seeds.frac_max <= 1, "seeds needs 0 < frac_min <= frac_max <= 1"),
-        (not cfg.seeds.enabled or cfg.seeds.prefix != "tokens" or 1 <= cfg.seeds.tokens_min <= cfg.seeds.tokens_max < r.max_new_tokens,
-         "seeds needs 1 <= tokens_min <= tokens_max < rollout.max_new_tokens"),
-        (0 <= cfg.reward.overlong_buffer < r.max_new_tokens, "reward.overlong_buffer must be in [0, rollout.max_new_tokens)"),
-        (cfg.correction.c_max > 0 and 0 <= cfg.correction.c_min < cfg.correction.c_max, "correction needs 0 <= c_min < c_max"),
-        (cfg.eval.preset in ("auto", "train", "greedy", "reasoning"), f"eval.preset={cfg.eval.preset!r}: choose auto, train, greedy or reasoning"),
+        (r.prompts_per_step * r.group_size >= t.mini_batches,
+         f"train.mini_batches={t.mini_batches} exceeds the {r.prompts_per_step * r.group_size} completions per step"),
+        (not s.enabled or s.per_group < r.group_size,
+         f"seeds.per_group={s.per_group} must be below rollout.group_size={r.group_size} so each group keeps on-policy samples"),
+        (not (s.enabled and t.old_policy == "sampler"), "seeds.enabled needs train.old_policy=recompute (seeded prefixes come from another policy)"),
+        (not s.enabled or s.prefix != "tokens" or s.tokens_max < r.max_new_tokens,
+         f"seeds.tokens_max={s.tokens_max} must be below rollout.max_new_tokens={r.max_new_tokens}"),
+        (cfg.reward.overlong_buffer < r.max_new_tokens,
+         f"reward.overlong_buffer={cfg.reward.overlong_buffer} must be below rollout.max_new_tokens={r.max_new_tokens}"),
     ]
     for ok, msg in checks:
         if not ok:

@@ -1,6 +1,6 @@
 """Run configuration: every setting, its default and a one-line doc, as nested dataclasses.
 
-How a config is loaded (YAML, `-o key=value` overrides, cross-field checks) is thinkrl/config/load.py.
+How a config is loaded (YAML, `-o key=value` overrides, the checks that span sections) is thinkrl/config/load.py.
 The defaults are the calibrated first run: the bundled SmolLM2-135M-Instruct with LoRA on the built-in
 arithmetic task, sized for 2 CPU cores (see `make demo`); configs/ holds recipes for other settings.
 """
@@ -9,6 +9,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, Literal
+
+# Each section checks its own fields in __post_init__ (a ValueError whose message starts with the field
+# name); config/load.py runs those checks again on the final values and prefixes the section's path, and
+# its resolve() holds only the rules that span sections.
+
+
+def check(*rules: tuple[bool, str]) -> None:
+    """Raise ValueError with the message of the first rule that does not hold."""
+    for ok, message in rules:
+        if not ok:
+            raise ValueError(message)
 
 
 @dataclass
@@ -21,6 +32,13 @@ class LoraConfig:
     """Dropout on the LoRA branch."""
     target_modules: list[str] = field(default_factory=lambda: ["all-linear"])
     """Module names to adapt; 'all-linear' = every linear layer except the output head."""
+
+    def __post_init__(self) -> None:
+        check(
+            (self.rank >= 0, f"rank must be >= 0 (0 = full fine-tuning), got {self.rank}"),
+            (self.alpha > 0, f"alpha must be > 0 (the update is scaled by alpha / rank), got {self.alpha}"),
+            (0 <= self.dropout < 1, f"dropout must be in [0, 1), got {self.dropout}"),
+        )
 
 
 @dataclass
@@ -59,6 +77,18 @@ class ArithConfig:
     seed: int = 1234
     """Seed of the problem generator (independent of train.seed)."""
 
+    def __post_init__(self) -> None:
+        check(
+            (bool(self.ops) and not set(self.ops) - set("+-*"), f"ops must be drawn from '+-*', got {self.ops!r}"),
+            (self.terms >= 2, f"terms must be >= 2, got {self.terms}"),
+            (self.min_value <= self.max_value, f"min_value must be <= max_value, got {self.min_value} > {self.max_value}"),
+            (self.train_size >= 0 and self.test_size >= 0, "train_size and test_size must be >= 0"),
+        )
+        needed = self.train_size + self.test_size
+        distinct = (self.max_value - self.min_value + 1) ** self.terms * len(self.ops) ** (self.terms - 1)
+        # the 1.25 margin keeps the generator's rejection loop short
+        check((distinct >= needed * 1.25, f"min_value..max_value is too small a range for {needed} distinct problems; widen it"))
+
 
 @dataclass
 class DataConfig:
@@ -77,6 +107,12 @@ class DataConfig:
     limit: int = 0
     """Use only the first N rows (0 = all)."""
     arith: ArithConfig = field(default_factory=ArithConfig)
+
+    def __post_init__(self) -> None:
+        check(
+            (self.max_prompt_tokens >= 1, f"max_prompt_tokens must be >= 1, got {self.max_prompt_tokens}"),
+            (self.limit >= 0, f"limit must be >= 0 (0 = all rows), got {self.limit}"),
+        )
 
 
 @dataclass
@@ -110,6 +146,20 @@ class RolloutConfig:
     mask_truncated: bool = False
     """Exclude completions that hit max_new_tokens from the loss (DAPO's overlong filtering)."""
 
+    def __post_init__(self) -> None:
+        check(
+            (self.group_size >= 1, f"group_size must be >= 1, got {self.group_size}"),
+            (self.prompts_per_step >= 1, f"prompts_per_step must be >= 1, got {self.prompts_per_step}"),
+            (self.max_new_tokens >= 1, f"max_new_tokens must be >= 1, got {self.max_new_tokens}"),
+            (0 <= self.min_new_tokens <= self.max_new_tokens, f"min_new_tokens must be in [0, max_new_tokens], got {self.min_new_tokens}"),
+            (self.temperature > 0, f"temperature must be > 0 for training (sampling), got {self.temperature}"),
+            (0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}"),
+            (self.top_k >= 0, f"top_k must be >= 0 (0 = off), got {self.top_k}"),
+            (self.staleness >= 0, f"staleness must be >= 0 (0 = sample with the current policy), got {self.staleness}"),
+            (self.batch_size >= 1, f"batch_size must be >= 1, got {self.batch_size}"),
+            (self.max_sampling_rounds >= 1, f"max_sampling_rounds must be >= 1, got {self.max_sampling_rounds}"),
+        )
+
 
 @dataclass
 class RewardConfig:
@@ -118,6 +168,12 @@ class RewardConfig:
     up to overlong_penalty (0 = off)."""
     overlong_penalty: float = 1.0
     """Largest overlong punishment, reached at rollout.max_new_tokens."""
+
+    def __post_init__(self) -> None:
+        check(
+            (self.overlong_buffer >= 0, f"overlong_buffer must be >= 0 (0 = off), got {self.overlong_buffer}"),
+            (self.overlong_penalty >= 0, f"overlong_penalty must be >= 0, got {self.overlong_penalty}"),
+        )
 
 
 @dataclass
@@ -132,6 +188,9 @@ class CorrectionConfig:
     c_min: float = 0.0
     """Lower threshold (MIS only)."""
 
+    def __post_init__(self) -> None:
+        check((self.c_max > 0 and 0 <= self.c_min < self.c_max, f"c_min and c_max need 0 <= c_min < c_max, got {self.c_min} and {self.c_max}"))
+
 
 @dataclass
 class AdvantageConfig:
@@ -139,6 +198,9 @@ class AdvantageConfig:
     """auto = the method's own choice; grpo = (r-mean)/(std+eps); no_std = r-mean (Dr.GRPO); rloo = leave-one-out."""
     eps: float = 1e-6
     """Added to the group std (grpo estimator)."""
+
+    def __post_init__(self) -> None:
+        check((self.eps >= 0, f"eps must be >= 0, got {self.eps}"))
 
 
 @dataclass
@@ -149,6 +211,12 @@ class VerifierConfig:
     """Grading worker processes."""
     grader: str = "thinkrl.verifier:grade"
     """module:function (completion, answer) -> (score, extracted answer or None), run in the workers."""
+
+    def __post_init__(self) -> None:
+        check(
+            (self.timeout > 0, f"timeout must be > 0 seconds, got {self.timeout}"),
+            (self.workers >= 1, f"workers must be >= 1, got {self.workers}"),
+        )
 
 
 @dataclass
@@ -192,6 +260,24 @@ class TrainConfig:
     """Stop (after a checkpoint) when this many consecutive steps had every update skipped for a NaN/inf
     loss or gradient (0 = never stop; skipped updates are always counted as update/skipped_nonfinite)."""
 
+    def __post_init__(self) -> None:
+        check(
+            (self.steps >= 1, f"steps must be >= 1, got {self.steps}"),
+            (self.lr > 0, f"lr must be > 0, got {self.lr}"),
+            (self.warmup_steps >= 0, f"warmup_steps must be >= 0, got {self.warmup_steps}"),
+            (self.weight_decay >= 0, f"weight_decay must be >= 0, got {self.weight_decay}"),
+            (len(self.adam_betas) == 2, f"adam_betas needs two values, got {self.adam_betas}"),
+            (all(0 <= b < 1 for b in self.adam_betas), f"adam_betas must each be in [0, 1), got {self.adam_betas}"),
+            (self.grad_clip >= 0, f"grad_clip must be >= 0 (0 = off), got {self.grad_clip}"),
+            (self.micro_batch_tokens >= 0, f"micro_batch_tokens must be >= 0 (0 = no cap), got {self.micro_batch_tokens}"),
+            (self.micro_batch_size >= 1, f"micro_batch_size must be >= 1, got {self.micro_batch_size}"),
+            (self.mini_batches >= 1, f"mini_batches must be >= 1, got {self.mini_batches}"),
+            (self.epochs >= 1, f"epochs must be >= 1, got {self.epochs}"),
+            (self.save_every >= 0, f"save_every must be >= 0 (0 = only at the end), got {self.save_every}"),
+            (self.keep_last >= 0, f"keep_last must be >= 0 (0 = keep all), got {self.keep_last}"),
+            (self.max_nonfinite_steps >= 0, f"max_nonfinite_steps must be >= 0 (0 = never stop), got {self.max_nonfinite_steps}"),
+        )
+
 
 @dataclass
 class EvalConfig:
@@ -207,6 +293,15 @@ class EvalConfig:
     """auto | train | greedy | reasoning, as for `thinkrl eval --preset`."""
     max_new_tokens: int | None = None
     """Completion budget (None = the preset's)."""
+
+    def __post_init__(self) -> None:
+        check(
+            (self.every >= 0, f"every must be >= 0 (0 = never), got {self.every}"),
+            (self.limit >= 0, f"limit must be >= 0 (0 = all), got {self.limit}"),
+            (self.n is None or self.n >= 1, f"n must be >= 1, got {self.n}"),
+            (self.max_new_tokens is None or self.max_new_tokens >= 1, f"max_new_tokens must be >= 1, got {self.max_new_tokens}"),
+            (self.preset in ("auto", "train", "greedy", "reasoning"), f"preset={self.preset!r}: choose auto, train, greedy or reasoning"),
+        )
 
 
 @dataclass
@@ -237,6 +332,15 @@ class SeedsConfig:
     """Cut the prefix back to the end of its last line (or sentence) when it has one: whole reasoning steps."""
     storage: Literal["auto", "memory", "disk"] = "auto"
     """Where pool weights live: auto = memory for LoRA adapters (a few MB), disk (RUN_DIR/seeds/) for full weights."""
+
+    def __post_init__(self) -> None:
+        check(
+            (self.every >= 1, f"every must be >= 1, got {self.every}"),
+            (self.pool_size >= 1, f"pool_size must be >= 1, got {self.pool_size}"),
+            (self.per_group >= 1, f"per_group must be >= 1, got {self.per_group}"),
+            (0 < self.frac_min <= self.frac_max <= 1, f"frac_min and frac_max need 0 < frac_min <= frac_max <= 1, got {self.frac_min} and {self.frac_max}"),
+            (1 <= self.tokens_min <= self.tokens_max, f"tokens_min and tokens_max need 1 <= tokens_min <= tokens_max, got {self.tokens_min} and {self.tokens_max}"),
+        )
 
 
 @dataclass
