@@ -35,11 +35,16 @@ demo: install  ## held-out accuracy of the bundled model before and after a shor
 	$(BIN)/thinkrl eval --model $(DEMO_DIR) $(DEMO_EVAL) --output $(DEMO_DIR)/eval-after
 	$(BIN)/python examples/demo_summary.py $(DEMO_DIR)
 
-lint: install
-	$(BIN)/ruff check thinkrl tests examples bench
+LINTED := thinkrl tests examples bench conftest.py
+
+lint: install  ## ruff (rules, 140-column lines, formatting) and pyright over the plugin surface (pyproject.toml)
+	$(BIN)/ruff check $(LINTED)
+	$(BIN)/ruff format --check $(LINTED)
+	$(BIN)/pyright --pythonpath $(BIN)/python
 
 format: install
-	$(BIN)/ruff format thinkrl tests examples bench
+	$(BIN)/ruff format $(LINTED)
+	$(BIN)/ruff check --fix $(LINTED)
 
 clean:
 	rm -rf $(VENV) runs eval .pytest_cache

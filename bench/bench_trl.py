@@ -46,8 +46,20 @@ minutes, which is why runs alternate and the ratio is taken over medians of the 
 
 
 def settings(a) -> dict:
-    return {"model": a.model_name, "prompts": a.prompts, "group": a.group, "max_new_tokens": a.max_new_tokens, "thinkrl_checkpointing": a.checkpointing, "lora_rank": 16,
-            "lora_alpha": 32, "lr": 1e-4, "temperature": 1.0, "fixed_length": not a.variable_length, "steps": a.steps, "warmup": a.warmup}
+    return {
+        "model": a.model_name,
+        "prompts": a.prompts,
+        "group": a.group,
+        "max_new_tokens": a.max_new_tokens,
+        "thinkrl_checkpointing": a.checkpointing,
+        "lora_rank": 16,
+        "lora_alpha": 32,
+        "lr": 1e-4,
+        "temperature": 1.0,
+        "fixed_length": not a.variable_length,
+        "steps": a.steps,
+        "warmup": a.warmup,
+    }
 
 
 def peak_memory_mb() -> float:
@@ -67,9 +79,17 @@ def run_thinkrl(a) -> dict:
     from thinkrl.train import train
 
     out = Path(tempfile.mkdtemp(prefix="bench-thinkrl-"))
-    overrides = [f"train.steps={a.warmup + a.steps}", f"rollout.prompts_per_step={a.prompts}", f"rollout.group_size={a.group}",
-                 f"rollout.max_new_tokens={a.max_new_tokens}", "train.lr=1e-4", "log.rollouts_every=0", f"output_dir={out}",
-                 f"train.micro_batch_size={a.micro_batch}", f"train.gradient_checkpointing={a.checkpointing}"]
+    overrides = [
+        f"train.steps={a.warmup + a.steps}",
+        f"rollout.prompts_per_step={a.prompts}",
+        f"rollout.group_size={a.group}",
+        f"rollout.max_new_tokens={a.max_new_tokens}",
+        "train.lr=1e-4",
+        "log.rollouts_every=0",
+        f"output_dir={out}",
+        f"train.micro_batch_size={a.micro_batch}",
+        f"train.gradient_checkpointing={a.checkpointing}",
+    ]
     if not a.variable_length:
         overrides.append(f"rollout.min_new_tokens={a.max_new_tokens}")
     train(load_config(None, overrides, **{"model.name": a.model}))
@@ -113,8 +133,10 @@ def run_trl(a) -> dict:
     path = resolve_path(a.model)
     tok = load_tokenizer(path)
     instruction = PromptConfig().instruction
-    rows = [{"prompt": [{"role": "user", "content": instruction.replace("{problem}", p.problem)}], "answer": p.answer}
-            for p in arith_problems(ArithConfig(), "train")[:2000]]
+    rows = [
+        {"prompt": [{"role": "user", "content": instruction.replace("{problem}", p.problem)}], "answer": p.answer}
+        for p in arith_problems(ArithConfig(), "train")[:2000]
+    ]
     timings = {"generate": 0.0, "score": 0.0}
 
     generate = transformers.GenerationMixin.generate
@@ -141,17 +163,39 @@ def run_trl(a) -> dict:
             timings.update(generate=0.0, score=0.0, start=time.perf_counter())
 
         def on_step_end(self, args, state, control, **kw):
-            record.append({"step_s": time.perf_counter() - timings["start"], "generate_s": timings["generate"], "score_s": timings["score"]})
+            record.append(
+                {"step_s": time.perf_counter() - timings["start"], "generate_s": timings["generate"], "score_s": timings["score"]}
+            )
 
     gen_kwargs = {} if a.variable_length else {"min_new_tokens": a.max_new_tokens}
     args = GRPOConfig(
-        output_dir=tempfile.mkdtemp(prefix="bench-trl-"), per_device_train_batch_size=a.prompts * a.group, num_generations=a.group,
-        max_completion_length=a.max_new_tokens, generation_kwargs=gen_kwargs, learning_rate=1e-4, max_steps=a.warmup + a.steps,
-        logging_steps=1, report_to=[], save_strategy="no", temperature=1.0, seed=0, beta=0.0, use_cpu=not torch.cuda.is_available(),
-        bf16=torch.cuda.is_available(), gradient_accumulation_steps=1, dataloader_num_workers=0,
+        output_dir=tempfile.mkdtemp(prefix="bench-trl-"),
+        per_device_train_batch_size=a.prompts * a.group,
+        num_generations=a.group,
+        max_completion_length=a.max_new_tokens,
+        generation_kwargs=gen_kwargs,
+        learning_rate=1e-4,
+        max_steps=a.warmup + a.steps,
+        logging_steps=1,
+        report_to=[],
+        save_strategy="no",
+        temperature=1.0,
+        seed=0,
+        beta=0.0,
+        use_cpu=not torch.cuda.is_available(),
+        bf16=torch.cuda.is_available(),
+        gradient_accumulation_steps=1,
+        dataloader_num_workers=0,
     )
-    trainer = GRPOTrainer(model=path, reward_funcs=accuracy, args=args, train_dataset=Dataset.from_list(rows), processing_class=tok,
-                          peft_config=LoraConfig(r=16, lora_alpha=32, target_modules="all-linear", task_type="CAUSAL_LM"), callbacks=[Clock()])
+    trainer = GRPOTrainer(
+        model=path,
+        reward_funcs=accuracy,
+        args=args,
+        train_dataset=Dataset.from_list(rows),
+        processing_class=tok,
+        peft_config=LoraConfig(r=16, lora_alpha=32, target_modules="all-linear", task_type="CAUSAL_LM"),
+        callbacks=[Clock()],
+    )
     trainer.train()
     steps = record[a.warmup :]
     return {
@@ -219,19 +263,52 @@ def _worker(trainer: str, args: list[str]) -> dict:
 def scaling(a) -> None:
     """Step time and peak memory of thinkrl's training pass as completions get longer and groups larger."""
     grid = [(64, 8), (256, 8), (1024, 8), (256, 4), (256, 16)]
-    lines = ["| new tokens | group | tokens per step | median step (s) | generate (s) | logp + update (s) | update s per 1k tokens | peak RSS (MB) |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| new tokens | group | tokens per step | median step (s) | generate (s) | logp + update (s) "
+        "| update s per 1k tokens | peak RSS (MB) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for T, G in grid:
         print(f"scaling: {T} tokens x {G} ...", flush=True)
-        r = _worker("thinkrl", ["--model", a.model, "--prompts", str(a.prompts), "--group", str(G), "--max-new-tokens", str(T),
-                                "--steps", str(a.steps), "--warmup", str(a.warmup), "--micro-batch", str(a.micro_batch)])
+        r = _worker(
+            "thinkrl",
+            [
+                "--model",
+                a.model,
+                "--prompts",
+                str(a.prompts),
+                "--group",
+                str(G),
+                "--max-new-tokens",
+                str(T),
+                "--steps",
+                str(a.steps),
+                "--warmup",
+                str(a.warmup),
+                "--micro-batch",
+                str(a.micro_batch),
+            ],
+        )
         if "error" in r:
             lines.append(f"| {T} | {G} | | failed: {r['error']} | | | | |")
             continue
         s = summarise([r])
-        lines.append(f"| {T} | {G} | {s['tokens']:.0f} | {s['step_s']:.1f} | {s['generate_s']:.1f} | {s['update_s']:.1f} | "
-                     f"{1000 * s['update_s'] / s['tokens']:.2f} | {s['peak_mb']:.0f} |")
-    text = "\n".join(["# thinkrl scaling (training pass)", "", f"Command: `python bench/{Path(__file__).name} {' '.join(sys.argv[1:])}`.", "", *lines]) + "\n"
+        lines.append(
+            f"| {T} | {G} | {s['tokens']:.0f} | {s['step_s']:.1f} | {s['generate_s']:.1f} | {s['update_s']:.1f} | "
+            f"{1000 * s['update_s'] / s['tokens']:.2f} | {s['peak_mb']:.0f} |"
+        )
+    text = (
+        "\n".join(
+            [
+                "# thinkrl scaling (training pass)",
+                "",
+                f"Command: `python bench/{Path(__file__).name} {' '.join(sys.argv[1:])}`.",
+                "",
+                *lines,
+            ]
+        )
+        + "\n"
+    )
     Path(a.out).write_text(text)
     print(text)
 
@@ -241,9 +318,16 @@ def summarise(runs: list[dict]) -> dict | None:
     if not ok:
         return None
     med = lambda k: statistics.median([v for r in ok for v in r[k]])  # noqa: E731
-    return {"step_s": med("step_s"), "generate_s": med("generate_s"), "score_s": med("score_s"), "update_s": med("update_s"),
-            "tokens": med("tokens"), "peak_mb": max(r["peak_mb"] for r in ok), "children_peak_mb": max(r["children_peak_mb"] for r in ok),
-            "n": sum(len(r["step_s"]) for r in ok)}
+    return {
+        "step_s": med("step_s"),
+        "generate_s": med("generate_s"),
+        "score_s": med("score_s"),
+        "update_s": med("update_s"),
+        "tokens": med("tokens"),
+        "peak_mb": max(r["peak_mb"] for r in ok),
+        "children_peak_mb": max(r["children_peak_mb"] for r in ok),
+        "n": sum(len(r["step_s"]) for r in ok),
+    }
 
 
 def _env_prefix() -> str:
@@ -261,13 +345,20 @@ def report(a, runs: dict[str, list[dict]]) -> None:
     params = sum(p.numel() for p in model.parameters())
     stats = {t: summarise(r) for t, r in runs.items()}
     errors = {t: [r["error"] for r in rs if "error" in r] for t, rs in runs.items()}
-    device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores"
+    device = (
+        torch.cuda.get_device_name()
+        if torch.cuda.is_available()
+        else f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores"
+    )
     lines = [
-        "# thinkrl vs TRL GRPOTrainer", "",
+        "# thinkrl vs TRL GRPOTrainer",
+        "",
         f"Machine: {device}; torch {torch.__version__}; python {platform.python_version()}.",
         f"Settings: {json.dumps(settings(a))}.",
-        f"Command: `{_env_prefix()}python bench/{Path(__file__).name} {' '.join(sys.argv[1:])}` ({time.strftime('%Y-%m-%d')}).", "",
-        "| trainer | median step (s) | generate (s) | score (s) | logp + update (s) | tokens/s | peak memory (MB) | verifier worker (MB each) | steps timed |",
+        f"Command: `{_env_prefix()}python bench/{Path(__file__).name} {' '.join(sys.argv[1:])}` ({time.strftime('%Y-%m-%d')}).",
+        "",
+        "| trainer | median step (s) | generate (s) | score (s) | logp + update (s) | tokens/s | peak memory (MB) "
+        "| verifier worker (MB each) | steps timed |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for t, s in stats.items():
@@ -275,17 +366,24 @@ def report(a, runs: dict[str, list[dict]]) -> None:
             lines.append(f"| {t} | failed: {errors[t][0] if errors[t] else '?'} | | | | | | | 0 |")
             continue
         workers = f"{s['children_peak_mb']:.0f}" if s["children_peak_mb"] else "in-process"
-        lines.append(f"| {t} | {s['step_s']:.2f} | {s['generate_s']:.2f} | {s['score_s']:.2f} | {s['update_s']:.2f} | "
-                     f"{s['tokens'] / s['step_s']:.0f} | {s['peak_mb']:.0f} | {workers} | {s['n']} |")
+        lines.append(
+            f"| {t} | {s['step_s']:.2f} | {s['generate_s']:.2f} | {s['score_s']:.2f} | {s['update_s']:.2f} | "
+            f"{s['tokens'] / s['step_s']:.0f} | {s['peak_mb']:.0f} | {workers} | {s['n']} |"
+        )
     if stats.get("thinkrl") and stats.get("trl"):
         ours, theirs = stats["thinkrl"], stats["trl"]
-        lines += ["", f"thinkrl step time / TRL step time: **{ours['step_s'] / theirs['step_s']:.2f}x**; "
-                      f"peak memory ratio {ours['peak_mb'] / theirs['peak_mb']:.2f}x."]
+        lines += [
+            "",
+            f"thinkrl step time / TRL step time: **{ours['step_s'] / theirs['step_s']:.2f}x**; "
+            f"peak memory ratio {ours['peak_mb'] / theirs['peak_mb']:.2f}x.",
+        ]
     if stats.get("thinkrl"):
         dtype = torch.bfloat16 if torch.cuda.is_available() else torch.float32
         gflops, gbs = roofline.peak_gflops(dtype), roofline.bandwidth_gbs()
         weight_bytes = params * torch.finfo(dtype).bits // 8
-        floor = roofline.step_floor(a.prompts, a.group, a.max_new_tokens, roofline.prompt_tokens(a.model), params, weight_bytes, gflops, gbs)
+        floor = roofline.step_floor(
+            a.prompts, a.group, a.max_new_tokens, roofline.prompt_tokens(a.model), params, weight_bytes, gflops, gbs
+        )
         lines += ["", roofline.describe(floor, gflops, gbs, {t: s["step_s"] for t, s in stats.items() if s})]
     lines += ["", NOTES]
     text = "\n".join(lines) + "\n"

@@ -44,7 +44,9 @@ def bandwidth_gbs() -> float:
     return 2 * 4 * n / _best(lambda: dst.copy_(src)) / 1e9
 
 
-def step_floor(prompts: int, group: int, new_tokens: int, prompt_len: int, params: int, weight_bytes: int, gflops: float, gbs: float) -> dict:
+def step_floor(
+    prompts: int, group: int, new_tokens: int, prompt_len: int, params: int, weight_bytes: int, gflops: float, gbs: float
+) -> dict:
     """Seconds one step cannot go below: decode at the bandwidth limit, prefill and training at the FLOP limit."""
     rows = prompts * group
     decode_s = new_tokens * max(weight_bytes / (gbs * 1e9), 2 * params * rows / (gflops * 1e9))
@@ -71,6 +73,9 @@ def prompt_tokens(model: str) -> int:
     from thinkrl.models import load_tokenizer, resolve_path
 
     tok = load_tokenizer(resolve_path(model))
-    texts = [[{"role": "user", "content": PromptConfig().instruction.replace("{problem}", p.problem)}] for p in arith_problems(ArithConfig(), "train")[:50]]
+    texts = [
+        [{"role": "user", "content": PromptConfig().instruction.replace("{problem}", p.problem)}]
+        for p in arith_problems(ArithConfig(), "train")[:50]
+    ]
     lengths = [len(tok.apply_chat_template(t, add_generation_prompt=True, tokenize=True)["input_ids"]) for t in texts]
     return round(statistics.mean(lengths))

@@ -21,7 +21,16 @@ from pathlib import Path
 
 ARMS = {
     "grpo": ["--method", "grpo"],
-    "seeds": ["--method", "thinking_seeds", "-o", "method.host=grpo", "-o", "method.aggregation=seq-mean-token-mean", "-o", "seeds.every=10"],
+    "seeds": [
+        "--method",
+        "thinking_seeds",
+        "-o",
+        "method.host=grpo",
+        "-o",
+        "method.aggregation=seq-mean-token-mean",
+        "-o",
+        "seeds.every=10",
+    ],
 }
 
 
@@ -31,14 +40,22 @@ def train_and_eval(root: Path, arm: str, seed: int) -> None:
         return
     thinkrl = [sys.executable, "-m", "thinkrl"]
     subprocess.run([*thinkrl, "train", *ARMS[arm], "-o", f"train.seed={seed}", "--output-dir", str(out)], check=True)
-    subprocess.run([*thinkrl, "eval", "--model", str(out), "--limit", "200", "--max-new-tokens", "48", "--output", str(out / "eval-after")], check=True)
+    subprocess.run(
+        [*thinkrl, "eval", "--model", str(out), "--limit", "200", "--max-new-tokens", "48", "--output", str(out / "eval-after")], check=True
+    )
 
 
 def summarise(run: Path) -> dict:
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
     mean = lambda k: statistics.fmean(m[k] for m in metrics if k in m)  # noqa: E731
-    out = {"steps": len(metrics), "entropy": mean("entropy"), "entropy_last10": statistics.fmean(m["entropy"] for m in metrics[-10:]),
-           "distinct": mean("answers/distinct_per_group"), "reward": mean("reward/mean"), "step_s": mean("time/step")}
+    out = {
+        "steps": len(metrics),
+        "entropy": mean("entropy"),
+        "entropy_last10": statistics.fmean(m["entropy"] for m in metrics[-10:]),
+        "distinct": mean("answers/distinct_per_group"),
+        "reward": mean("reward/mean"),
+        "step_s": mean("time/step"),
+    }
     summary = run / "eval-after" / "summary.json"
     if summary.is_file():
         out["accuracy"] = json.loads(summary.read_text())["metrics"]["avg@1"]
@@ -50,25 +67,34 @@ def summarise(run: Path) -> dict:
 
 
 def table(root: Path) -> str:
-    rows = ["| run | steps | entropy (mean) | entropy (last 10) | distinct answers / group | reward | held-out acc | s/step |",
-            "|---|---|---|---|---|---|---|---|"]
+    rows = [
+        "| run | steps | entropy (mean) | entropy (last 10) | distinct answers / group | reward | held-out acc | s/step |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     by_arm: dict[str, list[dict]] = {}
     for run in sorted(p for p in root.iterdir() if (p / "metrics.jsonl").is_file()):
         s = summarise(run)
         by_arm.setdefault(run.name.split("-s")[0], []).append(s)
         acc = f"{s['accuracy']:.1%}" if "accuracy" in s else "-"
-        rows.append(f"| {run.name} | {s['steps']} | {s['entropy']:.3f} | {s['entropy_last10']:.3f} | {s['distinct']:.2f} | "
-                    f"{s['reward']:.3f} | {acc} | {s['step_s']:.1f} |")
+        rows.append(
+            f"| {run.name} | {s['steps']} | {s['entropy']:.3f} | {s['entropy_last10']:.3f} | {s['distinct']:.2f} | "
+            f"{s['reward']:.3f} | {acc} | {s['step_s']:.1f} |"
+        )
     for arm, runs in by_arm.items():
         m = lambda k, runs=runs: statistics.fmean(r[k] for r in runs if k in r)  # noqa: E731
         acc = f"{m('accuracy'):.1%}" if all("accuracy" in r for r in runs) else "-"
-        rows.append(f"| **{arm} mean of {len(runs)}** | | {m('entropy'):.3f} | {m('entropy_last10'):.3f} | {m('distinct'):.2f} | "
-                    f"{m('reward'):.3f} | {acc} | {m('step_s'):.1f} |")
+        rows.append(
+            f"| **{arm} mean of {len(runs)}** | | {m('entropy'):.3f} | {m('entropy_last10'):.3f} | {m('distinct'):.2f} | "
+            f"{m('reward'):.3f} | {acc} | {m('step_s'):.1f} |"
+        )
     seeded = [r for r in by_arm.get("seeds", []) if "reward_seeded" in r]
     if seeded:
-        rows += ["", f"Seeded runs: {statistics.fmean(r['seeded_frac'] for r in seeded):.0%} of completions seeded on average; mean reward "
-                     f"of seeded completions {statistics.fmean(r['reward_seeded'] for r in seeded):.3f} vs unseeded "
-                     f"{statistics.fmean(r['reward_unseeded'] for r in seeded):.3f}."]
+        rows += [
+            "",
+            f"Seeded runs: {statistics.fmean(r['seeded_frac'] for r in seeded):.0%} of completions seeded on average; mean reward "
+            f"of seeded completions {statistics.fmean(r['reward_seeded'] for r in seeded):.3f} vs unseeded "
+            f"{statistics.fmean(r['reward_unseeded'] for r in seeded):.3f}.",
+        ]
     return "\n".join(rows)
 
 

@@ -15,9 +15,13 @@ def main(run_dir: Path) -> None:
     key = next(k for k in before["metrics"] if k.startswith("avg@"))
     b, a = before["metrics"][key], after["metrics"][key]
     train_s = sum(m["time/step"] for m in steps)
-    print(f"held-out {before['dataset']} ({before['problems']} problems, greedy): {b:.1%} before -> {a:.1%} after ({(a - b) * 100:+.1f} points)")
-    print(f"training: {len(steps)} steps in {train_s / 60:.1f} min ({train_s / len(steps):.1f} s/step); "
-          f"train reward {steps[0]['reward/mean']:.3f} at step 1 -> {sum(m['reward/mean'] for m in steps[-5:]) / min(5, len(steps)):.3f} over the last 5 steps")
+    change = f"{b:.1%} before -> {a:.1%} after ({(a - b) * 100:+.1f} points)"
+    print(f"held-out {before['dataset']} ({before['problems']} problems, greedy): {change}")
+    print(
+        f"training: {len(steps)} steps in {train_s / 60:.1f} min ({train_s / len(steps):.1f} s/step); "
+        f"train reward {steps[0]['reward/mean']:.3f} at step 1 -> "
+        f"{sum(m['reward/mean'] for m in steps[-5:]) / min(5, len(steps)):.3f} over the last 5 steps"
+    )
 
 
 if __name__ == "__main__":

@@ -28,8 +28,18 @@ def _env() -> dict:
 def test_compare_methods_script_trains_plots_and_tabulates(tiny_model_dir, tmp_path):
     out = tmp_path / "cmp"
     env = {**_env(), "METHODS": "grpo cispo", "STEPS": "2", "OUT": str(out)}
-    args = ["bash", str(HERE / "compare_methods.sh"), "--model", str(tiny_model_dir), "-o", "rollout.max_new_tokens=6",
-            "-o", "rollout.group_size=2", "-o", "verifier.workers=1"]
+    args = [
+        "bash",
+        str(HERE / "compare_methods.sh"),
+        "--model",
+        str(tiny_model_dir),
+        "-o",
+        "rollout.max_new_tokens=6",
+        "-o",
+        "rollout.group_size=2",
+        "-o",
+        "verifier.workers=1",
+    ]
     first = subprocess.run(args, capture_output=True, text=True, env=env, timeout=600)
     assert first.returncode == 0, first.stderr[-2000:]
     assert (out / "compare.png").stat().st_size > 0

@@ -13,7 +13,19 @@ import torch
 from torch import Tensor
 
 _NO_GRAD = ("old_logp", "behav_logp", "advantages", "entropy", "old_entropy", "ref_logp", "token_js", "topk_old_logp", "is_weights")
-_PER_TOKEN = ("logp", "old_logp", "behav_logp", "advantages", "prefix_mask", "entropy", "old_entropy", "ref_logp", "token_js", "is_weights", "token_ids")
+_PER_TOKEN = (
+    "logp",
+    "old_logp",
+    "behav_logp",
+    "advantages",
+    "prefix_mask",
+    "entropy",
+    "old_entropy",
+    "ref_logp",
+    "token_js",
+    "is_weights",
+    "token_ids",
+)
 _TOPK = ("topk_ids", "topk_old_logp", "topk_logp")
 
 

@@ -60,7 +60,11 @@ def train(
 @app.command("eval")
 def eval_(
     model: str = typer.Option("smollm2-135m", "--model", help="Hub id, local path, alias, RUN_DIR or RUN_DIR/checkpoints/step-N."),
-    dataset: str | None = typer.Option(None, "--dataset", help="Comma-separated: arith, aime24, aime25, amc23, math500, gsm8k, hub ids or files (default: the run's dataset)."),
+    dataset: str | None = typer.Option(
+        None,
+        "--dataset",
+        help="Comma-separated: arith, aime24, aime25, amc23, math500, gsm8k, hub ids or files (default: the run's dataset).",
+    ),
     preset: str = typer.Option("auto", "--preset", help="auto | train | greedy | reasoning (see README); flags below override it."),
     output: Path | None = typer.Option(None, "--output", help="Output directory (default RUN_DIR/eval/<dataset> or eval/<dataset>)."),
     n: int | None = typer.Option(None, "--n", help="Samples per problem."),
@@ -89,9 +93,21 @@ def eval_(
         raise UserError(f"--template {template!r}: choose auto, chat or plain")
     cfg = load_config(config) if config else None
     settings = EvalSettings(
-        model=model, dataset="", preset=preset, split=split, n=n, temperature=temperature, top_p=top_p,
-        max_new_tokens=max_new_tokens, template=template, system=system, instruction=instruction, seed=seed,
-        limit=limit, batch_size=batch_size, adapter=str(adapter) if adapter else None,
+        model=model,
+        dataset="",
+        preset=preset,
+        split=split,
+        n=n,
+        temperature=temperature,
+        top_p=top_p,
+        max_new_tokens=max_new_tokens,
+        template=template,
+        system=system,
+        instruction=instruction,
+        seed=seed,
+        limit=limit,
+        batch_size=batch_size,
+        adapter=str(adapter) if adapter else None,
     )
     datasets = [d.strip() for d in dataset.split(",") if d.strip()] if dataset else []
     summaries = evaluate(settings, datasets, output, cfg)
@@ -199,8 +215,10 @@ def show(
             text = r["completion"] if not max_chars or len(r["completion"]) <= max_chars else r["completion"][:max_chars] + " [...]"
             color = "green" if r["score"] > 0 else "red"
             extra = f", prefix {r['prefix_len']} tokens from step {r['seed_step']}" if r.get("prefix_len") else ""
-            console.print(f"\n[{color}]#{i} reward {r['reward']:+.2f}  advantage {r['advantage']:+.2f}  {r['length']} tokens"
-                          f"{' (truncated)' if r['truncated'] else ''}{extra}[/]")
+            console.print(
+                f"\n[{color}]#{i} reward {r['reward']:+.2f}  advantage {r['advantage']:+.2f}  {r['length']} tokens"
+                f"{' (truncated)' if r['truncated'] else ''}{extra}[/]"
+            )
             console.print(escape(text))
 
 

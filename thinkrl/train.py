@@ -90,8 +90,10 @@ def train(cfg: Config, resume: bool = False) -> Path:
     main = rank == 0
     console.quiet = not main
     if cfg.rollout.prompts_per_step % world:
-        raise UserError(f"rollout.prompts_per_step={cfg.rollout.prompts_per_step} must be a multiple of the {world} processes "
-                        "(each takes whole groups); change it or the process count")
+        raise UserError(
+            f"rollout.prompts_per_step={cfg.rollout.prompts_per_step} must be a multiple of the {world} processes "
+            "(each takes whole groups); change it or the process count"
+        )
     ckpt = checkpoint.latest(run_dir) if resume else None
     if resume and ckpt is None:
         console.print(f"no complete checkpoint in {run_dir}: starting from step 0")

@@ -22,6 +22,20 @@ from thinkrl.config.sections import (
 )
 
 __all__ = [
-    "AdvantageConfig", "ArithConfig", "Config", "CorrectionConfig", "DataConfig", "EvalConfig", "LogConfig", "LoraConfig",
-    "MethodSection", "ModelConfig", "PromptConfig", "RewardConfig", "RolloutConfig", "SeedsConfig", "TrainConfig", "VerifierConfig",
+    "AdvantageConfig",
+    "ArithConfig",
+    "Config",
+    "CorrectionConfig",
+    "DataConfig",
+    "EvalConfig",
+    "LogConfig",
+    "LoraConfig",
+    "MethodSection",
+    "ModelConfig",
+    "PromptConfig",
+    "RewardConfig",
+    "RolloutConfig",
+    "SeedsConfig",
+    "TrainConfig",
+    "VerifierConfig",
 ]

@@ -139,15 +139,26 @@ def resolve(cfg: Config) -> Config:
         cfg.method.params["norm_length"] = cfg.rollout.max_new_tokens
     r, t, s = cfg.rollout, cfg.train, cfg.seeds
     checks = [
-        (r.prompts_per_step * r.group_size >= t.mini_batches,
-         f"train.mini_batches={t.mini_batches} exceeds the {r.prompts_per_step * r.group_size} completions per step"),
-        (not s.enabled or s.per_group < r.group_size,
-         f"seeds.per_group={s.per_group} must be below rollout.group_size={r.group_size} so each group keeps on-policy samples"),
-        (not (s.enabled and t.old_policy == "sampler"), "seeds.enabled needs train.old_policy=recompute (seeded prefixes come from another policy)"),
-        (not s.enabled or s.prefix != "tokens" or s.tokens_max < r.max_new_tokens,
-         f"seeds.tokens_max={s.tokens_max} must be below rollout.max_new_tokens={r.max_new_tokens}"),
-        (cfg.reward.overlong_buffer < r.max_new_tokens,
-         f"reward.overlong_buffer={cfg.reward.overlong_buffer} must be below rollout.max_new_tokens={r.max_new_tokens}"),
+        (
+            r.prompts_per_step * r.group_size >= t.mini_batches,
+            f"train.mini_batches={t.mini_batches} exceeds the {r.prompts_per_step * r.group_size} completions per step",
+        ),
+        (
+            not s.enabled or s.per_group < r.group_size,
+            f"seeds.per_group={s.per_group} must be below rollout.group_size={r.group_size} so each group keeps on-policy samples",
+        ),
+        (
+            not (s.enabled and t.old_policy == "sampler"),
+            "seeds.enabled needs train.old_policy=recompute (seeded prefixes come from another policy)",
+        ),
+        (
+            not s.enabled or s.prefix != "tokens" or s.tokens_max < r.max_new_tokens,
+            f"seeds.tokens_max={s.tokens_max} must be below rollout.max_new_tokens={r.max_new_tokens}",
+        ),
+        (
+            cfg.reward.overlong_buffer < r.max_new_tokens,
+            f"reward.overlong_buffer={cfg.reward.overlong_buffer} must be below rollout.max_new_tokens={r.max_new_tokens}",
+        ),
     ]
     for ok, msg in checks:
         if not ok:

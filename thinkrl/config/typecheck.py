@@ -1,4 +1,4 @@
-"""Strict value coercion against type hints, and field docs read from attribute docstrings.
+"""Strict value coercion against type hints, range checks, and field docs read from attribute docstrings.
 
 Shared by the run config (`configure.py`) and each method's own `Config` (`methods/`), so that a bad
 `-o key=value` is rejected the same way everywhere: the message names the key and the value.
@@ -129,3 +129,10 @@ def field_docs(cls: type) -> dict[str, str]:
             ):
                 docs[node.target.id] = " ".join(nxt.value.value.split())
     return docs
+
+
+def check(*rules: tuple[bool, str]) -> None:
+    """Raise ValueError with the message of the first rule that does not hold (config __post_init__ checks)."""
+    for ok, message in rules:
+        if not ok:
+            raise ValueError(message)

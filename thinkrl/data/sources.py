@@ -193,5 +193,3 @@ def load_problems(cfg: DataConfig, split: str | None = None) -> Loaded:
     if not problems:
         raise UserError(f"dataset {name}: every row was skipped ({skipped}); check data.problem_key / data.answer_key")
     return Loaded(problems, skipped)
-
-

@@ -78,7 +78,9 @@ def eval_dataset(model, tok, s: EvalSettings, data_cfg: DataConfig, out_dir: Pat
             if budget < s.max_new_tokens:
                 clipped += len(chunk)
             if budget < 1:
-                raise UserError(f"{s.dataset}: a prompt of {max(len(p.ids) for p in chunk)} tokens fills the model's {context}-token context")
+                raise UserError(
+                    f"{s.dataset}: a prompt of {max(len(p.ids) for p in chunk)} tokens fills the model's {context}-token context"
+                )
             gen = torch.Generator(device=model.device).manual_seed(s.seed * 1_000_003 + b)
             sampling = Sampling(budget, s.temperature, s.top_p)
             comp = generate(model, [p.ids for p in chunk], s.n, sampling, eos, tok.pad_token_id, gen)
@@ -88,22 +90,38 @@ def eval_dataset(model, tok, s: EvalSettings, data_cfg: DataConfig, out_dir: Pat
             for i, text in enumerate(texts):
                 p, k = chunk[i // s.n], i % s.n
                 if (p.id, k) not in done:
-                    records.append({"id": p.id, "sample": k, "completion": text, "extracted": extracted[i], "gold": p.answer,
-                                    "correct": scores[i] == 1.0, "length": int(comp.lengths[i]), "truncated": bool(comp.truncated[i])})
+                    records.append(
+                        {
+                            "id": p.id,
+                            "sample": k,
+                            "completion": text,
+                            "extracted": extracted[i],
+                            "gold": p.answer,
+                            "correct": scores[i] == 1.0,
+                            "length": int(comp.lengths[i]),
+                            "truncated": bool(comp.truncated[i]),
+                        }
+                    )
             log.write(records)
             new_tokens += int(comp.lengths.sum())
             correct, graded = correct + sum(r["correct"] for r in records), graded + len(records)
             info = f"acc {correct / max(graded, 1):.3f}  {new_tokens / (time.perf_counter() - t0):.0f} tok/s"
             bar.update(task, advance=len(texts), info=info)
     if clipped:
-        console.print(f"[yellow]warning: {s.dataset}: max_new_tokens={s.max_new_tokens} did not fit the {context}-token context "
-                      f"for {clipped} prompts; their budget was clipped to context minus prompt length[/]")
+        console.print(
+            f"[yellow]warning: {s.dataset}: max_new_tokens={s.max_new_tokens} did not fit the {context}-token context "
+            f"for {clipped} prompts; their budget was clipped to context minus prompt length[/]"
+        )
     ids = {p.id for p in prompts}
     rows = [r for r in read_jsonl(log.path) if r["id"] in ids]
     summary = {
-        "dataset": s.dataset, "problems": len(ids), "samples": len(rows), "metrics": summarise(rows, s.n),
+        "dataset": s.dataset,
+        "problems": len(ids),
+        "samples": len(rows),
+        "metrics": summarise(rows, s.n),
         "settings": {**settings, "context_window": context, "clipped_prompts": clipped},
-        "skipped": loaded.skipped, "versions": versions(),
+        "skipped": loaded.skipped,
+        "versions": versions(),
     }
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
@@ -113,8 +131,15 @@ def eval_during_training(model, tok, cfg: Config, run_dir: Path, step: int, pool
     """Periodic evaluation from the training loop (eval.*): RUN_DIR/eval/step-N/<dataset>/; flat metrics."""
     out: dict[str, float] = {}
     for name in cfg.eval.datasets or [cfg.data.name]:
-        s = EvalSettings(model=str(run_dir), dataset=name, preset=cfg.eval.preset, n=cfg.eval.n, limit=cfg.eval.limit,
-                         max_new_tokens=cfg.eval.max_new_tokens, grader=cfg.verifier.grader)
+        s = EvalSettings(
+            model=str(run_dir),
+            dataset=name,
+            preset=cfg.eval.preset,
+            n=cfg.eval.n,
+            limit=cfg.eval.limit,
+            max_new_tokens=cfg.eval.max_new_tokens,
+            grader=cfg.verifier.grader,
+        )
         s = resolve_settings(s, cfg)
         summary = eval_dataset(model, tok, s, cfg.data, run_dir / "eval" / f"step-{step}" / Path(s.dataset).stem, pool)
         for k, v in summary["metrics"].items():

@@ -66,7 +66,11 @@ def summarise(samples: list[dict], n: int) -> dict[str, float]:
     P = len(acc)
     avg = sum(acc) / P
     sd = math.sqrt(sum((a - avg) ** 2 for a in acc) / (P - 1)) if P > 1 else 0.0
-    out = {f"avg@{n}": avg, f"avg@{n}_ci95_low": max(0.0, avg - 1.96 * sd / math.sqrt(P)), f"avg@{n}_ci95_high": min(1.0, avg + 1.96 * sd / math.sqrt(P))}
+    out = {
+        f"avg@{n}": avg,
+        f"avg@{n}_ci95_low": max(0.0, avg - 1.96 * sd / math.sqrt(P)),
+        f"avg@{n}_ci95_high": min(1.0, avg + 1.96 * sd / math.sqrt(P)),
+    }
     for k in ks(n):
         out[f"pass@{k}"] = sum(pass_at_k(len(v), sum(s["correct"] for s in v), k) for v in by_id.values()) / P
     out[f"maj@{n}"] = sum(majority_correct(v) for v in by_id.values()) / P

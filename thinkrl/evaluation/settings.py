@@ -26,10 +26,26 @@ from thinkrl.run.console import console
 STEP_BY_STEP = "Please reason step by step, and put your final answer within \\boxed{}."
 PRESETS = {
     "greedy": dict(n=1, temperature=0.0, top_p=1.0, max_new_tokens=3000, template="auto", system=STEP_BY_STEP, instruction="{problem}"),
-    "reasoning": dict(n=16, temperature=0.6, top_p=0.95, max_new_tokens=32768, template="auto", system=None, instruction="{problem}\n" + STEP_BY_STEP),
+    "reasoning": dict(
+        n=16, temperature=0.6, top_p=0.95, max_new_tokens=32768, template="auto", system=None, instruction="{problem}\n" + STEP_BY_STEP
+    ),
 }
 # settings that change the numbers: a resumed evaluation must match on all of them
-_SAME_ON_RESUME = ("model", "adapter", "dataset", "split", "n", "temperature", "top_p", "max_new_tokens", "seed", "template", "system", "instruction", "grader")
+_SAME_ON_RESUME = (
+    "model",
+    "adapter",
+    "dataset",
+    "split",
+    "n",
+    "temperature",
+    "top_p",
+    "max_new_tokens",
+    "seed",
+    "template",
+    "system",
+    "instruction",
+    "grader",
+)
 
 
 @dataclass
@@ -72,7 +88,10 @@ def resolve_settings(s: EvalSettings, cfg: Config) -> EvalSettings:
     if out.n > 1 and out.temperature == 0:
         if s.temperature is None:  # n samples of a greedy preset would be n copies: sample as `reasoning` does
             out = replace(out, temperature=PRESETS["reasoning"]["temperature"], top_p=s.top_p or PRESETS["reasoning"]["top_p"])
-            console.print(f"note: --n {out.n} with the {preset} preset: sampling at temperature {out.temperature}, top_p {out.top_p} (set --temperature to choose)")
+            console.print(
+                f"note: --n {out.n} with the {preset} preset: sampling at temperature {out.temperature}, top_p {out.top_p} "
+                "(set --temperature to choose)"
+            )
         else:
             console.print("[yellow]warning: n > 1 with temperature 0 gives n identical greedy samples[/]")
     return out
@@ -96,6 +115,8 @@ def check_resume(out_dir: Path, settings: dict) -> None:
     diff = [k for k in _SAME_ON_RESUME if old.get(k) != settings.get(k)]
     if diff:
         k = diff[0]
-        raise UserError(f"{out_dir} holds samples made with {k}={old.get(k)!r} (now {settings.get(k)!r}); use a new --output to evaluate other settings")
+        raise UserError(
+            f"{out_dir} holds samples made with {k}={old.get(k)!r} (now {settings.get(k)!r}); use a new --output to evaluate other settings"
+        )
     if old.get("limit") != settings.get("limit"):
         console.print(f"note: --limit changed from {old.get('limit')} to {settings.get('limit')}; finished samples are kept")

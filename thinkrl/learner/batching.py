@@ -43,8 +43,9 @@ def micro_batches(rows: Tensor, lengths: Tensor, size: int, group_size: int, max
     return out
 
 
-def update_passes(mini: Tensor, order: Tensor, lengths: Tensor, mask: Tensor, size: int, group: int, max_tokens: int,
-                  num_tokens: int, world: int) -> list[Tensor]:
+def update_passes(
+    mini: Tensor, order: Tensor, lengths: Tensor, mask: Tensor, size: int, group: int, max_tokens: int, num_tokens: int, world: int
+) -> list[Tensor]:
     """The micro-batches to run for one mini-batch (mask on the CPU). One process: those with a token to
     train on. Several: all of them, or one zero-weight row when this rank's share is empty, so that every
     rank runs at least one (gradient-synchronising) backward whenever the global mini-batch has tokens."""

@@ -93,7 +93,9 @@ def policy_pass(model, rb: RolloutBatch, cfg: Config, pad_id: int, entropy: bool
 def _each_chunk(model, rb: RolloutBatch, cfg: Config, pad_id: int, fn) -> None:
     """fn(logp (n, V), (rows, cols) of those n positions in the (B, T) batch, their token ids (n,))."""
     comp, tc = rb.comp, cfg.train
-    for rows in micro_batches(torch.arange(comp.tokens.shape[0]), comp.lengths.cpu(), tc.micro_batch_size, rb.group_size, tc.micro_batch_tokens):
+    for rows in micro_batches(
+        torch.arange(comp.tokens.shape[0]), comp.lengths.cpu(), tc.micro_batch_size, rb.group_size, tc.micro_batch_tokens
+    ):
         T = int(comp.lengths[rows].max())
         tokens, mask = comp.tokens[rows, :T], comp.mask[rows, :T]
         r, c = mask.nonzero(as_tuple=True)  # row-major, the order visit_distributions uses

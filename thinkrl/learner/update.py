@@ -223,8 +223,16 @@ def _view(rb: RolloutBatch, old: OldPolicy) -> TokenBatch:
     """The whole rollout batch as a detached TokenBatch, for Method.begin_step."""
     comp = rb.comp
     assert old.logp is not None
-    return TokenBatch(logp=old.logp, old_logp=old.logp, behav_logp=comp.behav_logp, advantages=rb.advantages,
-                      mask=comp.mask, token_ids=comp.tokens, old_entropy=old.entropy, prefix_mask=comp.prefix_mask)
+    return TokenBatch(
+        logp=old.logp,
+        old_logp=old.logp,
+        behav_logp=comp.behav_logp,
+        advantages=rb.advantages,
+        mask=comp.mask,
+        token_ids=comp.tokens,
+        old_entropy=old.entropy,
+        prefix_mask=comp.prefix_mask,
+    )
 
 
 def _add(sums: dict[str, Tensor], key: str, value: Tensor) -> None:

@@ -173,6 +173,8 @@ def load_plugins(directory: str | Path) -> list[str]:
         if mod_name in sys.modules:
             continue
         spec = importlib.util.spec_from_file_location(mod_name, path)
+        if spec is None or spec.loader is None:
+            raise UserError(f"plugin {path} cannot be imported as a Python module; rename it to a plain name.py")
         module = importlib.util.module_from_spec(spec)
         sys.modules[mod_name] = module
         try:

@@ -164,8 +164,9 @@ def clip_metrics(clipped: Tensor, ratio: Tensor, mask: Tensor, ratio_key: str | 
     return metrics
 
 
-def clipped_loss(ratio: Tensor, batch: TokenBatch, cfg: Clip, trained: Tensor | None = None,
-                 ratio_key: str | None = "ratio/mean") -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+def clipped_loss(
+    ratio: Tensor, batch: TokenBatch, cfg: Clip, trained: Tensor | None = None, ratio_key: str | None = "ratio/mean"
+) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
     """The clipped host's per-token loss (B, T) with its dual clip, where the clip removed the gradient
     (B, T), and the clip metrics. `trained` (B, T): the tokens a selecting method keeps, so clip/* counts
     only gradient the clip really removed."""

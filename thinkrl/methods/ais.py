@@ -68,6 +68,7 @@ class Config(ClipConfig):
     """Smoothing of alpha across steps: alpha = ema alpha_prev + (1 - ema) alpha_batch; 0 = off (0.9 suggested)."""
     level: Literal["token", "sequence"] = "token"
     """Weights of the reliability R (and cv): per token, or per sequence exp(mean_t log rho_t)."""
+
     def __post_init__(self) -> None:
         super().__post_init__()
         if not self.cap > 0:

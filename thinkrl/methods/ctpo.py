@@ -101,6 +101,7 @@ def cumulative_log_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor, variant: 
 def log_bounds(n: Tensor, cfg: Config) -> tuple[Tensor, Tensor, Tensor | None]:
     """Log-space clip window (lower < 0 < upper) and dual-clip log-threshold (None = off), each like n."""
     if cfg.bounds == "log_position":
+        assert cfg.p is not None  # filled in by Config.__post_init__
         scale = n**cfg.p  # (B, T) n_t^p, 1 everywhere for p = 0
         dual = cfg.eps_c * scale if cfg.eps_c else None
         return -cfg.eps_lo * scale, cfg.eps_hi * scale, dual

@@ -20,7 +20,8 @@ DAPO's other two changes act on the loop, not the loss, so they are trainer opti
   caps it with max_num_gen_batches);
 - soft overlong punishment: `reward.overlong_buffer: 16`, `reward.overlong_penalty: 1.0` lower the
   reward linearly over the last 16 tokens of the budget, by up to 1.0 at rollout.max_new_tokens (the
-  paper: 4096 of 20480 tokens, here scaled to the 48-token default). Overlong filtering is `rollout.mask_truncated`, off as in the paper's recipe.
+  paper: 4096 of 20480 tokens, here scaled to the 48-token default). Overlong filtering is
+  `rollout.mask_truncated`, off as in the paper's recipe.
 
 Defaults: clip_low 0.2, clip_high 0.28, token-mean, group-normalised advantages. The paper's G = 16,
 512 prompts per step and lr 1e-6 (full fine-tuning) are left to the run config.

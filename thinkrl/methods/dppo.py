@@ -83,6 +83,7 @@ class DPPO(Method):
 
     def loss(self, batch: TokenBatch) -> tuple[Tensor, dict[str, Tensor]]:
         c, mask, adv = self.cfg, batch.mask, batch.advantages
+        assert c.delta_low is not None and c.delta_high is not None  # filled in by Config.__post_init__
         ratio, anchor = anchored_ratio(batch, c)  # (B, T) pi_theta / mu, log mu
         with torch.no_grad():  # the trust region is a gate, never part of the gradient
             pi, mu = batch.logp.detach().float().exp(), anchor.float().exp()  # (B, T)

@@ -81,16 +81,17 @@ class RejectionTest(NamedTuple):
 @torch.no_grad()
 def rejection_test(batch: TokenBatch) -> RejectionTest:
     """Draw the SIS test for every token of `batch` (methods.md 3.1 steps 1-4)."""
-    for name in ("token_ids", "topk_ids", "topk_old_logp", "topk_logp"):
-        if getattr(batch, name) is None:
-            raise ValueError(f"sis needs batch.{name} (listed in method.requires)")
+    ids, topk_ids, topk_old, topk_new = batch.token_ids, batch.topk_ids, batch.topk_old_logp, batch.topk_logp
+    if ids is None or topk_ids is None or topk_old is None or topk_new is None:
+        missing = [n for n in ("token_ids", "topk_ids", "topk_old_logp", "topk_logp") if getattr(batch, n) is None]
+        raise ValueError(f"sis needs batch.{', batch.'.join(missing)} (listed in method.requires)")
     mask = batch.mask
     log_w = log_ratio(batch.logp.detach(), batch.old_logp)  # (B, T)
     # a zero-probability proposal entry (-inf, or the sampler's finite stand-in for a truncated id) can never
     # have been drawn: it is outside the proposal's support, and its ratio would blow the envelope up
-    support = batch.topk_old_logp.exp() > 0  # (B, T, K)
-    log_ratio_k = torch.where(support, log_ratio(batch.topk_logp.detach(), batch.topk_old_logp), -torch.inf)  # (B, T, K)
-    in_topk = mask & ((batch.topk_ids == batch.token_ids[..., None]) & support).any(-1)  # (B, T)
+    support = topk_old.exp() > 0  # (B, T, K)
+    log_ratio_k = torch.where(support, log_ratio(topk_new.detach(), topk_old), -torch.inf)  # (B, T, K)
+    in_topk = mask & ((topk_ids == ids[..., None]) & support).any(-1)  # (B, T)
     # max with log w: the same number in exact arithmetic when y_t is in V_K; guards against two passes
     # disagreeing in the last bits, so that w / M never exceeds 1
     log_m = torch.maximum(log_ratio_k.max(-1).values, log_w)  # (B, T)

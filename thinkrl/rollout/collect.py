@@ -50,8 +50,20 @@ def _round_prompts(prompts: list[Prompt], step: int, rnd: int, per_step: int, se
     return [prompts[i] for i in rng.sample(range(len(prompts)), min(per_step, len(prompts)))]
 
 
-def collect(step: int, prompts: list[Prompt], cfg, sampler, tok, pool, generator, eos: list[int], pad: int,
-            record_topk: int = 0, record_entropy: bool = False, seed_pool=None) -> StepSamples:
+def collect(
+    step: int,
+    prompts: list[Prompt],
+    cfg,
+    sampler,
+    tok,
+    pool,
+    generator,
+    eos: list[int],
+    pad: int,
+    record_topk: int = 0,
+    record_entropy: bool = False,
+    seed_pool=None,
+) -> StepSamples:
     """The step's kept groups, sampled with `sampler` (its last refresh) and graded by `pool`; with a
     Thinking Seeds `seed_pool`, part of each group starts from historical prefixes (thinkrl/rollout/seeds.py)."""
     rc, G = cfg.rollout, cfg.rollout.group_size
@@ -60,7 +72,14 @@ def collect(step: int, prompts: list[Prompt], cfg, sampler, tok, pool, generator
     sampling = Sampling(rc.max_new_tokens, rc.temperature, rc.top_p, rc.top_k, rc.min_new_tokens)
     kept: list[tuple[Prompt, Completions, list[str], Tensor]] = []
     distinct: list[int] = []  # distinct extracted answers per sampled group: a diversity measure
-    stats = {"verifier/timeouts": 0, "verifier/crashes": 0, "sampling/rounds": 0, "sampling/dropped_groups": 0, "time/generate": 0.0, "time/score": 0.0}
+    stats = {
+        "verifier/timeouts": 0,
+        "verifier/crashes": 0,
+        "sampling/rounds": 0,
+        "sampling/dropped_groups": 0,
+        "time/generate": 0.0,
+        "time/score": 0.0,
+    }
     for rnd in range(rc.max_sampling_rounds if rc.dynamic_sampling else 1):
         batch = distributed.shard(_round_prompts(prompts, step, rnd, rc.prompts_per_step, cfg.train.seed), rank, world)
         t0 = time.perf_counter()
@@ -68,7 +87,10 @@ def collect(step: int, prompts: list[Prompt], cfg, sampler, tok, pool, generator
             comp = seeded_generate(sampler, seed_pool, step, [p.ids for p in batch], G, sampling, cfg.seeds, eos, pad, generator, tok)
         else:
             model, ids, per = sampler.restore(), [p.ids for p in batch], max(1, rc.batch_size // G)  # rollout.batch_size rows at a time
-            parts = [generate(model, ids[i : i + per], G, sampling, eos, pad, generator, record_topk, record_entropy) for i in range(0, len(ids), per)]
+            parts = [
+                generate(model, ids[i : i + per], G, sampling, eos, pad, generator, record_topk, record_entropy)
+                for i in range(0, len(ids), per)
+            ]
             comp = parts[0] if len(parts) == 1 else Completions.cat(parts, pad)
         t1 = time.perf_counter()
         texts = tok.batch_decode([row[m].tolist() for row, m in zip(comp.tokens, comp.mask)], skip_special_tokens=True)

@@ -40,8 +40,18 @@ class Completions:
         T = int(self.lengths[rows].max()) if len(rows) else 0
         cut = lambda x: x[rows, :T] if x is not None else None  # noqa: E731
         pick = lambda x: x[rows] if x is not None else None  # noqa: E731
-        return Completions(cut(self.tokens), cut(self.behav_logp), cut(self.mask), self.lengths[rows], self.truncated[rows],
-                           cut(self.topk_ids), cut(self.topk_logp), cut(self.entropy), pick(self.prefix_len), pick(self.seed_step))
+        return Completions(
+            cut(self.tokens),
+            cut(self.behav_logp),
+            cut(self.mask),
+            self.lengths[rows],
+            self.truncated[rows],
+            cut(self.topk_ids),
+            cut(self.topk_logp),
+            cut(self.entropy),
+            pick(self.prefix_len),
+            pick(self.seed_step),
+        )
 
     @property
     def prefix_mask(self) -> Tensor | None:
@@ -66,8 +76,16 @@ class Completions:
             return torch.cat(padded)
 
         return Completions(
-            join("tokens", pad_id), join("behav_logp", 0.0), join("mask", False),
-            torch.cat([p.lengths for p in parts]), torch.cat([p.truncated for p in parts]),
-            join("topk_ids", 0), join("topk_logp", 0.0), join("entropy", 0.0),
-            *(torch.cat([getattr(p, name) for p in parts]) if getattr(parts[0], name) is not None else None for name in ("prefix_len", "seed_step")),
+            join("tokens", pad_id),
+            join("behav_logp", 0.0),
+            join("mask", False),
+            torch.cat([p.lengths for p in parts]),
+            torch.cat([p.truncated for p in parts]),
+            join("topk_ids", 0),
+            join("topk_logp", 0.0),
+            join("entropy", 0.0),
+            *(
+                torch.cat([getattr(p, name) for p in parts]) if getattr(parts[0], name) is not None else None
+                for name in ("prefix_len", "seed_step")
+            ),
         )

@@ -65,7 +65,9 @@ class PolicySampler:
             self.model = copy.deepcopy(policy).merge_and_unload()
             targets = dict(self.model.named_modules())
             self._pairs = [(m, targets[n]) for n, m in policy.get_base_model().named_modules() if isinstance(m, LoraLayer)]
-            fixed = _linear_weights(self.model) - {f"{n}.weight" for n, m in policy.get_base_model().named_modules() if isinstance(m, LoraLayer)}
+            fixed = _linear_weights(self.model) - {
+                f"{n}.weight" for n, m in policy.get_base_model().named_modules() if isinstance(m, LoraLayer)
+            }
         else:
             self.model = copy.deepcopy(policy)
             fixed = set()

@@ -130,7 +130,9 @@ def _prefix_lengths(hist: Completions, cfg, budget: int, rng: torch.Generator, t
     return out
 
 
-def seeded_generate(sampler, pool: SeedPool, step: int, prompts: list[list[int]], G: int, sampling: Sampling, cfg, eos, pad, gen, tok) -> Completions:
+def seeded_generate(
+    sampler, pool: SeedPool, step: int, prompts: list[list[int]], G: int, sampling: Sampling, cfg, eos, pad, gen, tok
+) -> Completions:
     """G completions per prompt, the last seeds.per_group of each group seeded (when the pool has an older
     checkpoint); adds prefix_len and seed_step to the Completions."""
     candidates = pool.older_than(step)
@@ -153,13 +155,29 @@ def seeded_generate(sampler, pool: SeedPool, step: int, prompts: list[list[int]]
         if not rows:
             continue
         hist_model = sampler.historical(pool.weights(entry, device))
-        hist = generate(hist_model, [prompts[rows_prompt[r]] for r in rows], 1, Sampling(hist_budget, sampling.temperature, sampling.top_p, sampling.top_k), eos, pad, gen)
+        hist = generate(
+            hist_model,
+            [prompts[rows_prompt[r]] for r in rows],
+            1,
+            Sampling(hist_budget, sampling.temperature, sampling.top_p, sampling.top_k),
+            eos,
+            pad,
+            gen,
+        )
         for j, (r, L) in enumerate(zip(rows, _prefix_lengths(hist, cfg, T, gen, tok))):
             prefixes[r] = (hist.tokens[j, :L].tolist(), hist.behav_logp[j, :L].tolist())
     model = sampler.restore()
     # the current policy continues every seeded row; rows get their own budget T - L below
     short = min(len(p[0]) for p in prefixes)
-    cont = generate(model, [prompts[rows_prompt[r]] + prefixes[r][0] for r in range(P * S)], 1, Sampling(T - short, sampling.temperature, sampling.top_p, sampling.top_k), eos, pad, gen)
+    cont = generate(
+        model,
+        [prompts[rows_prompt[r]] + prefixes[r][0] for r in range(P * S)],
+        1,
+        Sampling(T - short, sampling.temperature, sampling.top_p, sampling.top_k),
+        eos,
+        pad,
+        gen,
+    )
     seeded = _join(prefixes, cont, T, pad, device)
     seed_step = torch.tensor([candidates[c].step if prefixes[r][0] else -1 for r, c in enumerate(pick)], device=device)
     seeded.seed_step = seed_step

@@ -1,12 +1,12 @@
 """The run directory and everything that reads or writes it.
 
-    checkpoint.py  atomic checkpoints and resuming from the newest complete one
-    jsonl.py       metrics.jsonl / rollouts.jsonl, kill-safe JSON lines
-    records.py     what one step writes there
-    console.py     the console, progress bars and the step line
-    faults.py      signals, non-finite updates, full disks, out of memory
-    trackers.py    TensorBoard, W&B, ... through Accelerate
-    readers.py     reading runs back: thinkrl compare / show / plot
-    plot.py        thinkrl plot
-    export.py      thinkrl export
+checkpoint.py  atomic checkpoints and resuming from the newest complete one
+jsonl.py       metrics.jsonl / rollouts.jsonl, kill-safe JSON lines
+records.py     what one step writes there
+console.py     the console, progress bars and the step line
+faults.py      signals, non-finite updates, full disks, out of memory
+trackers.py    TensorBoard, W&B, ... through Accelerate
+readers.py     reading runs back: thinkrl compare / show / plot
+plot.py        thinkrl plot
+export.py      thinkrl export
 """

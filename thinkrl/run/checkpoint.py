@@ -87,7 +87,9 @@ def save_weights(model, tokenizer, directory: Path) -> None:
         tokenizer.save_pretrained(directory / "model")
 
 
-def save(run_dir: Path, step: int, model, tokenizer, optimizer, scheduler, method, extra: dict, keep_last: int = 0, sampler=None, seed_pool=None) -> Path:
+def save(
+    run_dir: Path, step: int, model, tokenizer, optimizer, scheduler, method, extra: dict, keep_last: int = 0, sampler=None, seed_pool=None
+) -> Path:
     root = run_dir / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
     remove_stale(run_dir)  # what an earlier, killed process left (this one's own leftovers included)
@@ -145,7 +147,10 @@ def _load_pt(path: Path):
     except pickle.UnpicklingError as e:
         # torch's message is a page long and suggests allowlisting the global; keep the sentence naming it
         line = next((line for line in str(e).splitlines() if "unsupported" in line.lower()), "")
-        reason = line.split(". ")[0].strip().removesuffix(".").removeprefix("WeightsUnpickler error: ") or "refused by the weights-only unpickler"
+        reason = (
+            line.split(". ")[0].strip().removesuffix(".").removeprefix("WeightsUnpickler error: ")
+            or "refused by the weights-only unpickler"
+        )
         raise UserError(
             f"{path} holds objects other than tensors and numbers ({reason}); thinkrl loads checkpoints with "
             "weights_only=True and will not unpickle it. Was it written by thinkrl?"

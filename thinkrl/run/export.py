@@ -48,4 +48,3 @@ def export(source: Path, out: Path, merge: bool = False, dtype: str = "float32")
     tok.save_pretrained(out)  # with its chat template, so chat-formatted prompts match training
     console.print(f"exported the {what} of {ckpt} to {out}")
     return out
-

@@ -120,7 +120,11 @@ def out_of_memory_message(cfg: Config, step: int, phase: str, run_dir: Path) -> 
         f"rollout.group_size={r.group_size} completions per step, model.lora.rank={cfg.model.lora.rank} (a new run only)"
     )
     first = {  # the smaller setting to resume with, by where memory ran out
-        "update": [("train.micro_batch_tokens", t.micro_batch_tokens), ("train.micro_batch_size", t.micro_batch_size), ("rollout.max_new_tokens", r.max_new_tokens)],
+        "update": [
+            ("train.micro_batch_tokens", t.micro_batch_tokens),
+            ("train.micro_batch_size", t.micro_batch_size),
+            ("rollout.max_new_tokens", r.max_new_tokens),
+        ],
         "evaluation": [("eval.max_new_tokens", cfg.eval.max_new_tokens or r.max_new_tokens)],
     }.get(phase, [("rollout.batch_size", r.batch_size), ("rollout.max_new_tokens", r.max_new_tokens)])
     key, value = next(((k, v) for k, v in first if v > 1), first[-1])

@@ -46,8 +46,14 @@ def plot_runs(runs: list[Run], out: Path, window: int = 1, title: str | None = N
             for j, key in enumerate(k for k in keys if run.series(k)[0]):
                 steps, values = run.series(key)
                 if name == "Held-out accuracy":  # few points: markers, no smoothing
-                    ax.plot(steps, values, marker="o", color=colors[i % len(colors)], linestyle=["-", "--", ":"][j % 3],
-                            label=f"{run.label}: {key.removeprefix('eval/')}" if len(keys) > 1 else run.label)
+                    ax.plot(
+                        steps,
+                        values,
+                        marker="o",
+                        color=colors[i % len(colors)],
+                        linestyle=["-", "--", ":"][j % 3],
+                        label=f"{run.label}: {key.removeprefix('eval/')}" if len(keys) > 1 else run.label,
+                    )
                 else:
                     ax.plot(steps, smooth(values, window), color=colors[i % len(colors)], linewidth=1.6, label=run.label)
                 drawn = True
@@ -63,7 +69,7 @@ def plot_runs(runs: list[Run], out: Path, window: int = 1, title: str | None = N
             ax.legend(fontsize=8)
         else:
             ax.text(0.5, 0.5, "not logged by these runs", ha="center", va="center", transform=ax.transAxes, color="gray")
-    for ax in list(axes.flat)[len(panels):]:
+    for ax in list(axes.flat)[len(panels) :]:
         ax.axis("off")
     smoothing = f" (moving average over {window} steps)" if window > 1 else ""
     fig.suptitle((title or "thinkrl: " + ", ".join(r.label for r in runs)) + smoothing)

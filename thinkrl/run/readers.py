@@ -55,7 +55,13 @@ def eval_keys(run: Run) -> list[str]:
 
 # ---------------------------------------------------------------- compare
 
-COMPARE = [("reward/mean", "reward"), ("entropy", "entropy"), ("length/mean", "length"), ("clip/frac", "clip frac"), ("mask/frac", "mask frac")]
+COMPARE = [
+    ("reward/mean", "reward"),
+    ("entropy", "entropy"),
+    ("length/mean", "length"),
+    ("clip/frac", "clip frac"),
+    ("mask/frac", "mask frac"),
+]
 
 
 def compare_rows(runs: list[Run], tail: int) -> tuple[list[str], list[list[str]]]:

@@ -14,8 +14,17 @@ from pathlib import Path
 from thinkrl.errors import UserError
 
 # tracker name -> the package it needs (what `pip install` takes)
-PACKAGES = {"tensorboard": ("tensorboard", "tensorboardX"), "wandb": ("wandb",), "mlflow": ("mlflow",), "comet_ml": ("comet_ml",),
-            "aim": ("aim",), "clearml": ("clearml",), "dvclive": ("dvclive",), "swanlab": ("swanlab",), "trackio": ("trackio",)}
+PACKAGES = {
+    "tensorboard": ("tensorboard", "tensorboardX"),
+    "wandb": ("wandb",),
+    "mlflow": ("mlflow",),
+    "comet_ml": ("comet_ml",),
+    "aim": ("aim",),
+    "clearml": ("clearml",),
+    "dvclive": ("dvclive",),
+    "swanlab": ("swanlab",),
+    "trackio": ("trackio",),
+}
 
 
 def check(trackers: list[str]) -> None:
@@ -24,8 +33,10 @@ def check(trackers: list[str]) -> None:
         if name not in PACKAGES:
             raise UserError(f"log.trackers: unknown tracker {name!r}; choose from {', '.join(PACKAGES)}")
         if not any(importlib.util.find_spec(pkg) for pkg in PACKAGES[name]):
-            raise UserError(f"log.trackers: {name} needs the {PACKAGES[name][0]} package: pip install {PACKAGES[name][0]}"
-                            + (" (or pip install 'thinkrl[trackers]')" if name == "tensorboard" else ""))
+            raise UserError(
+                f"log.trackers: {name} needs the {PACKAGES[name][0]} package: pip install {PACKAGES[name][0]}"
+                + (" (or pip install 'thinkrl[trackers]')" if name == "tensorboard" else "")
+            )
 
 
 def accelerator_kwargs(log_cfg, run_dir: Path) -> dict:

@@ -91,7 +91,9 @@ def generate(
         else:
             if padded:
                 attn = torch.cat([attn, attn.new_ones((attn.shape[0], 1))], dim=-1)
-            logits = model(input_ids=tok[:, None], attention_mask=attn if padded else None, position_ids=next_pos[:, None], **kv).logits[:, -1]
+            logits = model(input_ids=tok[:, None], attention_mask=attn if padded else None, position_ids=next_pos[:, None], **kv).logits[
+                :, -1
+            ]
         next_pos = next_pos + 1
     T_used = int(lengths.max())
     mask = torch.arange(T, device=device)[None, :] < lengths[:, None]

@@ -69,8 +69,18 @@ class LeanDecoder:
         for layer in body.layers:
             a, m = layer.self_attn, layer.mlp
             qkv = [a.q_proj, a.k_proj, a.v_proj]
-            self.layers.append((layer.input_layernorm.weight, _fuse(qkv), _fuse(qkv, "bias"), a.o_proj.weight, a.o_proj.bias,
-                                layer.post_attention_layernorm.weight, _fuse([m.gate_proj, m.up_proj]), m.down_proj.weight))
+            self.layers.append(
+                (
+                    layer.input_layernorm.weight,
+                    _fuse(qkv),
+                    _fuse(qkv, "bias"),
+                    a.o_proj.weight,
+                    a.o_proj.bias,
+                    layer.post_attention_layernorm.weight,
+                    _fuse([m.gate_proj, m.up_proj]),
+                    m.down_proj.weight,
+                )
+            )
 
     def _norm(self, x: Tensor, weight: Tensor) -> Tensor:
         """RMSNorm as transformers computes it (float32 statistics, weight applied in the input dtype)."""
@@ -115,8 +125,9 @@ class LeanDecoder:
             q, k, v = (y.view(b, 1, -1, D).transpose(1, 2) for y in qkv.split([Hq * D, Hk * D, Hk * D], dim=-1))
             q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
             self.keys[i][:, :, t : t + 1], self.values[i][:, :, t : t + 1] = k, v
-            att = F.scaled_dot_product_attention(q, self.keys[i][:, :, : t + 1], self.values[i][:, :, : t + 1],
-                                                 attn_mask=mask, enable_gqa=Hq != Hk)  # (b, Hq, 1, D)
+            att = F.scaled_dot_product_attention(
+                q, self.keys[i][:, :, : t + 1], self.values[i][:, :, : t + 1], attn_mask=mask, enable_gqa=Hq != Hk
+            )  # (b, Hq, 1, D)
             x = x + F.linear(att.transpose(1, 2).reshape(b, 1, Hq * D), w_o, b_o)
             gate, up = F.linear(self._norm(x, norm2), w_gu).chunk(2, dim=-1)
             x = x + F.linear(F.silu(gate) * up, w_down)

@@ -1,0 +1,97 @@
+"""Config sections of the learner stage: advantages, rollout-mismatch correction, the optimisation itself."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from thinkrl.config.typecheck import check
+
+
+@dataclass
+class AdvantageConfig:
+    estimator: Literal["auto", "grpo", "no_std", "rloo"] = "auto"
+    """auto = the method's own choice; grpo = (r-mean)/(std+eps); no_std = r-mean (Dr.GRPO); rloo = leave-one-out."""
+    eps: float = 1e-6
+    """Added to the group std (grpo estimator)."""
+
+    def __post_init__(self) -> None:
+        check((self.eps >= 0, f"eps must be >= 0, got {self.eps}"))
+
+
+@dataclass
+class CorrectionConfig:
+    mode: Literal["none", "tis", "mis"] = "none"
+    """Rollout-mismatch correction with rho = pi_old / mu: tis truncates the weight at c_max, mis masks
+    tokens (or sequences) whose rho falls outside [c_min, c_max]; works with every method."""
+    level: Literal["token", "sequence"] = "token"
+    """token: rho per token; sequence: the product of a sequence's token ratios, one weight per sequence."""
+    c_max: float = 2.0
+    """Upper threshold (TIS cap, MIS upper bound)."""
+    c_min: float = 0.0
+    """Lower threshold (MIS only)."""
+
+    def __post_init__(self) -> None:
+        check(
+            (self.c_max > 0 and 0 <= self.c_min < self.c_max, f"c_min and c_max need 0 <= c_min < c_max, got {self.c_min} and {self.c_max}")
+        )
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 40
+    """Training steps; each is one rollout followed by its updates."""
+    lr: float = 2e-4
+    """Peak learning rate (LoRA needs ~10x the full fine-tuning rate)."""
+    seed: int = 0
+    """Seed for sampling, data order and initialisation; every step reseeds from (seed, step)."""
+    schedule: Literal["constant", "linear", "cosine"] = "constant"
+    """Learning-rate decay after warm-up."""
+    warmup_steps: int = 0
+    """Optimizer steps of linear warm-up."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    """AdamW betas."""
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this value (0 = off)."""
+    micro_batch_tokens: int = 4096
+    """Cap on padded completion tokens per forward/backward pass (0 = none): long completions get fewer
+    rows per micro-batch (memory only: the result does not depend on it)."""
+    gradient_checkpointing: bool = False
+    """Recompute each layer in the backward instead of keeping its activations: far less memory for long
+    completions, more update time (every layer runs forward twice and each completion recomputes its prompt)."""
+    micro_batch_size: int = 8
+    """Sequences per forward/backward pass (memory knob; does not change the result)."""
+    mini_batches: int = 1
+    """Optimizer steps per pass over one rollout batch."""
+    epochs: int = 1
+    """Passes over each rollout batch; updates per rollout = mini_batches x epochs."""
+    old_policy: Literal["recompute", "sampler"] = "recompute"
+    """Where pi_old comes from: recompute = the trainer's policy at the start of the update phase;
+    sampler = the sampler's own log-probs (verl's bypass mode: ratios then include staleness and precision)."""
+    save_every: int = 0
+    """Checkpoint every N steps (0 = only at the end)."""
+    keep_last: int = 2
+    """Checkpoints kept on disk (0 = keep all)."""
+    max_nonfinite_steps: int = 3
+    """Stop (after a checkpoint) when this many consecutive steps had every update skipped for a NaN/inf
+    loss or gradient (0 = never stop; skipped updates are always counted as update/skipped_nonfinite)."""
+
+    def __post_init__(self) -> None:
+        check(
+            (self.steps >= 1, f"steps must be >= 1, got {self.steps}"),
+            (self.lr > 0, f"lr must be > 0, got {self.lr}"),
+            (self.warmup_steps >= 0, f"warmup_steps must be >= 0, got {self.warmup_steps}"),
+            (self.weight_decay >= 0, f"weight_decay must be >= 0, got {self.weight_decay}"),
+            (len(self.adam_betas) == 2, f"adam_betas needs two values, got {self.adam_betas}"),
+            (all(0 <= b < 1 for b in self.adam_betas), f"adam_betas must each be in [0, 1), got {self.adam_betas}"),
+            (self.grad_clip >= 0, f"grad_clip must be >= 0 (0 = off), got {self.grad_clip}"),
+            (self.micro_batch_tokens >= 0, f"micro_batch_tokens must be >= 0 (0 = no cap), got {self.micro_batch_tokens}"),
+            (self.micro_batch_size >= 1, f"micro_batch_size must be >= 1, got {self.micro_batch_size}"),
+            (self.mini_batches >= 1, f"mini_batches must be >= 1, got {self.mini_batches}"),
+            (self.epochs >= 1, f"epochs must be >= 1, got {self.epochs}"),
+            (self.save_every >= 0, f"save_every must be >= 0 (0 = only at the end), got {self.save_every}"),
+            (self.keep_last >= 0, f"keep_last must be >= 0 (0 = keep all), got {self.keep_last}"),
+            (self.max_nonfinite_steps >= 0, f"max_nonfinite_steps must be >= 0 (0 = never stop), got {self.max_nonfinite_steps}"),
+        )

@@ -1,0 +1,130 @@
+"""Config sections of the rollout stage: sampling, reward shaping, the verifier, Thinking Seeds."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from thinkrl.config.typecheck import check
+
+
+@dataclass
+class RolloutConfig:
+    group_size: int = 8
+    """Completions sampled per prompt (G)."""
+    prompts_per_step: int = 2
+    """Prompts per training step; the step's batch is prompts_per_step x group_size completions."""
+    max_new_tokens: int = 48
+    """Longest completion; longer ones are cut and counted as truncated."""
+    min_new_tokens: int = 0
+    """Suppress EOS before this many tokens (benchmarks: fixed-length completions, as TRL's min_new_tokens)."""
+    temperature: float = 1.0
+    """Sampling temperature; the policy being trained is softmax(logits / temperature)."""
+    top_p: float = 1.0
+    """Nucleus sampling mass (1.0 = off)."""
+    top_k: int = 0
+    """Top-k sampling (0 = off)."""
+    precision: Literal["same", "bf16", "fp16", "fp8"] = "same"
+    """Weights of the sampling copy of the policy: same = the trainer's; bf16 / fp16 = cast; fp8 = float8
+    (e4m3) fake-quantised linear weights with per-output-channel scales. The trainer keeps its dtype, so
+    anything but 'same' creates a measurable rollout/trainer mismatch (logged as mismatch/*)."""
+    staleness: int = 0
+    """Sample with the policy of this many training steps ago (0 = the current one): controlled off-policy data."""
+    batch_size: int = 64
+    """Completions decoded together in one generation batch (whole groups; Thinking Seeds rounds decode at once)."""
+    dynamic_sampling: bool = False
+    """DAPO: drop groups whose rewards are all equal and sample more prompts until the step is full."""
+    max_sampling_rounds: int = 3
+    """Generation rounds per step at most with dynamic_sampling (the first included); then train on what there is."""
+    mask_truncated: bool = False
+    """Exclude completions that hit max_new_tokens from the loss (DAPO's overlong filtering)."""
+
+    def __post_init__(self) -> None:
+        check(
+            (self.group_size >= 1, f"group_size must be >= 1, got {self.group_size}"),
+            (self.prompts_per_step >= 1, f"prompts_per_step must be >= 1, got {self.prompts_per_step}"),
+            (self.max_new_tokens >= 1, f"max_new_tokens must be >= 1, got {self.max_new_tokens}"),
+            (0 <= self.min_new_tokens <= self.max_new_tokens, f"min_new_tokens must be in [0, max_new_tokens], got {self.min_new_tokens}"),
+            (self.temperature > 0, f"temperature must be > 0 for training (sampling), got {self.temperature}"),
+            (0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}"),
+            (self.top_k >= 0, f"top_k must be >= 0 (0 = off), got {self.top_k}"),
+            (self.staleness >= 0, f"staleness must be >= 0 (0 = sample with the current policy), got {self.staleness}"),
+            (self.batch_size >= 1, f"batch_size must be >= 1, got {self.batch_size}"),
+            (self.max_sampling_rounds >= 1, f"max_sampling_rounds must be >= 1, got {self.max_sampling_rounds}"),
+        )
+
+
+@dataclass
+class RewardConfig:
+    overlong_buffer: int = 0
+    """DAPO soft overlong punishment: over the last N tokens of the budget the reward falls linearly by
+    up to overlong_penalty (0 = off)."""
+    overlong_penalty: float = 1.0
+    """Largest overlong punishment, reached at rollout.max_new_tokens."""
+
+    def __post_init__(self) -> None:
+        check(
+            (self.overlong_buffer >= 0, f"overlong_buffer must be >= 0 (0 = off), got {self.overlong_buffer}"),
+            (self.overlong_penalty >= 0, f"overlong_penalty must be >= 0, got {self.overlong_penalty}"),
+        )
+
+
+@dataclass
+class VerifierConfig:
+    timeout: float = 5.0
+    """Seconds a single completion may take to grade; past it the sample scores 0."""
+    workers: int = 2
+    """Grading worker processes."""
+    grader: str = "thinkrl.verifier:grade"
+    """module:function (completion, answer) -> (score, extracted answer or None), run in the workers."""
+
+    def __post_init__(self) -> None:
+        check(
+            (self.timeout > 0, f"timeout must be > 0 seconds, got {self.timeout}"),
+            (self.workers >= 1, f"workers must be >= 1, got {self.workers}"),
+        )
+
+
+@dataclass
+class SeedsConfig:
+    enabled: bool | None = None
+    """Thinking Seeds: start some completions of each group from a prefix sampled by an earlier checkpoint;
+    None = on when the method requires prefix_mask (thinking_seeds), off otherwise."""
+    every: int = 20
+    """Add the current policy to the pool of historical checkpoints every N steps (step 0 included)."""
+    pool_size: int = 4
+    """Historical checkpoints kept (first in, first out); a pinned initial policy comes on top."""
+    keep_initial: bool = True
+    """Pin the initial policy (the highest-entropy one) in the pool for the whole run."""
+    per_group: int = 2
+    """Seeded completions per group of rollout.group_size (the rest are ordinary samples)."""
+    prefix: Literal["fraction", "tokens"] = "fraction"
+    """fraction: the historical policy writes a whole completion and a fraction U(frac_min, frac_max) of it is
+    kept; tokens: it writes U{tokens_min..tokens_max} tokens (cheaper)."""
+    frac_min: float = 0.1
+    """Smallest kept fraction of the historical completion."""
+    frac_max: float = 0.5
+    """Largest kept fraction of the historical completion."""
+    tokens_min: int = 4
+    """Shortest prefix in tokens (prefix: tokens)."""
+    tokens_max: int = 16
+    """Longest prefix in tokens (prefix: tokens)."""
+    snap: Literal["none", "line", "sentence"] = "none"
+    """Cut the prefix back to the end of its last line (or sentence) when it has one: whole reasoning steps."""
+    storage: Literal["auto", "memory", "disk"] = "auto"
+    """Where pool weights live: auto = memory for LoRA adapters (a few MB), disk (RUN_DIR/seeds/) for full weights."""
+
+    def __post_init__(self) -> None:
+        check(
+            (self.every >= 1, f"every must be >= 1, got {self.every}"),
+            (self.pool_size >= 1, f"pool_size must be >= 1, got {self.pool_size}"),
+            (self.per_group >= 1, f"per_group must be >= 1, got {self.per_group}"),
+            (
+                0 < self.frac_min <= self.frac_max <= 1,
+                f"frac_min and frac_max need 0 < frac_min <= frac_max <= 1, got {self.frac_min} and {self.frac_max}",
+            ),
+            (
+                1 <= self.tokens_min <= self.tokens_max,
+                f"tokens_min and tokens_max need 1 <= tokens_min <= tokens_max, got {self.tokens_min} and {self.tokens_max}",
+            ),
+        )
