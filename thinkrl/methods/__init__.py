@@ -21,8 +21,9 @@ import importlib.util
 import inspect
 import pkgutil
 import sys
+import typing
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 from torch import Tensor
 
@@ -38,13 +39,24 @@ _SOURCES: dict[str, str] = {}
 _discovered = False
 
 
-class Method:
-    """Base class. Subclasses set `Config` (a dataclass) and implement `loss`."""
+C = TypeVar("C")
+
+
+class Method(Generic[C]):
+    """Base class: `class MyMethod(Method[Config])` takes `Config` (a dataclass) as its hyperparameters, so
+    `self.cfg` is a Config instance; subclasses implement `loss`. (A plain `class M(Method)` with a class
+    attribute `Config = ...` works too.)"""
 
     name: ClassVar[str] = ""
     Config: ClassVar[type] = object
-    cfg: Any
-    """The Config instance; subclasses annotate it with their own Config type."""
+    cfg: C
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for base in getattr(cls, "__orig_bases__", ()):  # Method[Config] -> Config
+            if typing.get_origin(base) is Method and typing.get_args(base) and "Config" not in cls.__dict__:
+                cls.Config = typing.get_args(base)[0]
+
     advantage: ClassVar[str] = "grpo"
     """Advantage estimator used when `advantage.estimator: auto` (grpo, no_std or rloo)."""
     reinforce_on_policy: ClassVar[bool] = True

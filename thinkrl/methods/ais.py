@@ -138,11 +138,8 @@ def ais_weights(old_logp: Tensor, behav_logp: Tensor, alpha: float, cap: float) 
 
 
 @register("ais")
-class AIS(Method):
+class AIS(Method[Config]):
     """GRPO weighted by (1 - alpha) + alpha min(pi_old/mu, 2); alpha per step from reliability, severity, variance."""
-
-    Config = Config
-    cfg: Config
 
     def __init__(self, **overrides) -> None:
         super().__init__(**overrides)

@@ -55,11 +55,8 @@ class Config(Reduction):
 
 
 @register("cispo")
-class CISPO(Method):
+class CISPO(Method[Config]):
     """REINFORCE with a clipped, detached IS weight (cap 1.2): no token ever loses its gradient."""
-
-    Config = Config
-    cfg: Config
 
     def loss(self, batch: TokenBatch) -> tuple[Tensor, dict[str, Tensor]]:
         c = self.cfg

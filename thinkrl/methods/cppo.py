@@ -81,11 +81,9 @@ def thresholds(dist: Tensor, mask: Tensor, cfg: Config) -> tuple[Tensor, Tensor]
 
 
 @register("cppo")
-class CPPO(Method):
+class CPPO(Method[Config]):
     """DPPO-style Binary-TV mask with position-weighted thresholds and a cumulative per-sequence prefix budget."""
 
-    Config = Config
-    cfg: Config
     advantage = "no_std"
 
     def loss(self, batch: TokenBatch) -> tuple[Tensor, dict[str, Tensor]]:

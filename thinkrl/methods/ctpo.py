@@ -111,11 +111,8 @@ def log_bounds(n: Tensor, cfg: Config) -> tuple[Tensor, Tensor, Tensor | None]:
 
 
 @register("ctpo")
-class CTPO(Method):
+class CTPO(Method[Config]):
     """Cumulative prefix importance ratio (gradient through the current token) with sqrt(position) log-space clip."""
-
-    Config = Config
-    cfg: Config
 
     def loss(self, batch: TokenBatch) -> tuple[Tensor, dict[str, Tensor]]:
         c, mask, adv = self.cfg, batch.mask, batch.advantages

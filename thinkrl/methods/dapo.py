@@ -45,11 +45,8 @@ class Config(ClipConfig):
 
 
 @register("dapo")
-class DAPO(Method):
+class DAPO(Method[Config]):
     """Clip-higher (0.2/0.28), token-mean loss, no KL; dynamic sampling and overlong shaping in the trainer."""
-
-    Config = Config
-    cfg: Config
 
     def loss(self, batch: TokenBatch) -> tuple[Tensor, dict[str, Tensor]]:
         ratio = log_ratio(batch.logp, batch.old_logp).exp()  # (B, T)

@@ -74,11 +74,9 @@ class Config(AnchoredConfig):
 
 
 @register("dppo")
-class DPPO(Method):
+class DPPO(Method[Config]):
     """Divergence trust region (Binary-TV or Binary-KL on pi - mu) with a truncated IS REINFORCE gradient."""
 
-    Config = Config
-    cfg: Config
     advantage = "no_std"
 
     def loss(self, batch: TokenBatch) -> tuple[Tensor, dict[str, Tensor]]:

@@ -58,11 +58,9 @@ class Config(AnchoredConfig):
 
 
 @register("drpo")
-class DRPO(Method):
+class DRPO(Method[Config]):
     """Differentiable IS surrogate against mu with a smooth |A|/(2 delta) mu (r-1)^2 divergence penalty."""
 
-    Config = Config
-    cfg: Config
     advantage = "no_std"
 
     def loss(self, batch: TokenBatch) -> tuple[Tensor, dict[str, Tensor]]:

@@ -50,14 +50,11 @@ class Config(ClipConfig):
 
 
 @register("entropy_fork")
-class EntropyFork(Method):
+class EntropyFork(Method[Config]):
     """DAPO surrogate on the top-rho (20%) highest-entropy tokens of the batch only (the 80/20 rule)."""
 
-    Config = Config
-    cfg: Config
-    reinforce_on_policy = False  # on-policy the gradient is REINFORCE on the selected tokens only
-    batch_statistics = True
-    """Uses statistics of the whole batch it sees; the trainer must pass the whole mini-batch in one call."""
+    reinforce_on_policy = False  # on-policy the gradient is REINFORCE on the high-entropy tokens only
+    batch_statistics = True  # the entropy quantile is over the whole batch the loss sees
 
     @property
     def requires(self) -> set[str]:

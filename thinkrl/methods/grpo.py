@@ -39,11 +39,8 @@ class Config(ClipConfig):
 
 
 @register("grpo")
-class GRPO(Method):
+class GRPO(Method[Config]):
     """PPO-clipped surrogate with group-normalised advantages and an optional k3 KL to the reference."""
-
-    Config = Config
-    cfg: Config
 
     @property
     def requires(self) -> set[str]:

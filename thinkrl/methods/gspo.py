@@ -42,11 +42,8 @@ class Config(ClipConfig):
 
 
 @register("gspo")
-class GSPO(Method):
+class GSPO(Method[Config]):
     """Clipped surrogate on the length-normalised sequence ratio (geometric mean of token ratios), clip 3e-4/4e-4."""
-
-    Config = Config
-    cfg: Config
 
     def loss(self, batch: TokenBatch) -> tuple[Tensor, dict[str, Tensor]]:
         mask = batch.mask

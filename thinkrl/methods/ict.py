@@ -102,14 +102,11 @@ class Config(ClipConfig):
 
 
 @register("ict")
-class ICT(Method):
+class ICT(Method[Config]):
     """GRPO surrogate on the top 10% unique tokens ranked by JS divergence of their distribution to the batch mean."""
 
-    Config = Config
-    cfg: Config
-    reinforce_on_policy = False  # on-policy the gradient is REINFORCE on the selected tokens only
-    batch_statistics = True
-    """The selection ranks the whole batch it sees; the trainer must pass the whole mini-batch in one call."""
+    reinforce_on_policy = False  # on-policy the gradient is REINFORCE on the JS-selected tokens only
+    batch_statistics = True  # the JS ranking is over the whole batch the loss sees
 
     @property
     def requires(self) -> set[str]:

@@ -103,11 +103,9 @@ def rejection_test(batch: TokenBatch) -> RejectionTest:
 
 
 @register("sis")
-class SIS(Method):
+class SIS(Method[Config]):
     """Selective importance sampling: tokens passing a top-K rejection test train on-policy (weight 1, unclipped)."""
 
-    Config = Config
-    cfg: Config
     reinforce_on_policy = True  # on-policy every token in V_K is accepted (w~ = 1, gradient of log pi), the rest have r = 1
 
     @property

@@ -56,14 +56,11 @@ class Config(Clip):
 
 
 @register("stapo")
-class STAPO(Method):
+class STAPO(Method[Config]):
     """GRPO clip, silencing positive-advantage tokens of low probability and low entropy, renormalised."""
 
-    Config = Config
-    cfg: Config
     reinforce_on_policy = False  # silenced tokens drop out of the on-policy gradient
-    batch_statistics = True
-    """Uses statistics of the whole batch it sees; the trainer must pass the whole mini-batch in one call."""
+    batch_statistics = True  # the entropy quantile tau_h is over the whole batch the loss sees
 
     @property
     def requires(self) -> set[str]:

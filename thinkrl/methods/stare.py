@@ -130,14 +130,11 @@ def stare_weights(logp: Tensor, adv: Tensor, mask: Tensor, top_ratio: float, w: 
 
 
 @register("stare")
-class STARE(Method):
+class STARE(Method[Config]):
     """Clip-higher + dual clip; while batch entropy < target, top-10% surprisal A>0 tokens get weight 1.1."""
 
-    Config = Config
-    cfg: Config
     reinforce_on_policy = False  # with the gate on, tokens are reweighted on-policy by design
-    batch_statistics = True
-    """The top-P selection uses the whole batch it sees; the trainer must pass the mini-batch in one call."""
+    batch_statistics = True  # the top-P surprisal selection is over the whole batch the loss sees
 
     def __init__(self, **overrides) -> None:
         super().__init__(**overrides)

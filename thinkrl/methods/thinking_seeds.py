@@ -52,11 +52,8 @@ class Config(HostedConfig):
 
 
 @register("thinking_seeds")
-class ThinkingSeeds(Method):
+class ThinkingSeeds(Method[Config]):
     """Prefix tokens from a historical checkpoint ratioed against it, continuation tokens against pi_old (clip)."""
-
-    Config = Config
-    cfg: Config
 
     @property
     def requires(self) -> set[str]:
