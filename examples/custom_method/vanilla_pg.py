@@ -16,26 +16,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from torch import Tensor
+
+from thinkrl.batch import TokenBatch
 from thinkrl.methods import Method, register
-from thinkrl.methods._common import Aggregation, reduce
+from thinkrl.methods._common import Reduction, reduce
 from thinkrl.ops import masked_mean
 
 
 @dataclass
-class Config:
-    aggregation: Aggregation = "seq-mean-token-mean"
-    """How per-token losses become one scalar."""
-    norm_length: int = 0
-    """Constant L for seq-mean-token-sum-norm; 0 = rollout.max_new_tokens."""
+class Config(Reduction):
+    """Only the shared reduction fields (aggregation, norm_length); a method adds its own here."""
 
 
 @register("vanilla_pg")
-class VanillaPG(Method):
+class VanillaPG(Method[Config]):
     """REINFORCE with a group-mean baseline: -A log pi, no ratio, no clip (plugin example)."""
 
-    Config = Config
-
-    def loss(self, batch):
+    def loss(self, batch: TokenBatch) -> tuple[Tensor, dict[str, Tensor]]:
         per_token = -batch.advantages * batch.logp  # (B, T)
         metrics = {"logp/mean": masked_mean(batch.logp, batch.mask)}
         return reduce(per_token, batch, self.cfg), metrics
