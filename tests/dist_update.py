@@ -18,8 +18,8 @@ from accelerate import Accelerator
 from thinkrl import distributed
 from thinkrl.config.load import load_config, resolve
 from thinkrl.learner.advantages import compute_advantages
-from thinkrl.learner.logprobs import PolicyLogProbs
 from thinkrl.learner.batching import RolloutBatch
+from thinkrl.learner.logprobs import PolicyLogProbs
 from thinkrl.learner.update import UpdateContext, update
 from thinkrl.methods import get_method
 from thinkrl.models import add_lora, load_base
@@ -62,7 +62,9 @@ def main() -> None:
     model, optimizer, scheduler = accelerator.prepare(PolicyLogProbs(policy), optimizer, scheduler)
 
     prompts, comp, rewards = global_batch(tok.pad_token_id)
-    adv, _ = compute_advantages(rewards, G, method.advantage if cfg.advantage.estimator == "auto" else cfg.advantage.estimator, cfg.advantage.eps)
+    adv, _ = compute_advantages(
+        rewards, G, method.advantage if cfg.advantage.estimator == "auto" else cfg.advantage.estimator, cfg.advantage.eps
+    )
     groups = distributed.shard(list(range(P)), rank, world)  # this rank's prompts, as the trainer shards them
     rows = torch.tensor([g * G + j for g in groups for j in range(G)])
     rb = RolloutBatch([prompts[r // G] for r in rows.tolist()], comp.select(rows), adv[rows], G)

@@ -18,7 +18,6 @@ def crashing_grade(completion: str, answer: str):
     return grade(completion, answer)
 
 
-
 def length_reward(completion: str, answer: str):
     """A test grader with varied rewards for any model: (length of the completion mod 3) / 2. The tiny
     random model never solves arithmetic, so with the real grader every group would be all-zero and the

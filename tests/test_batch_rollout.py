@@ -182,7 +182,9 @@ def test_shared_prompt_gradients_are_bitwise_reproducible():
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=64, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4)
+    cfg = LlamaConfig(
+        vocab_size=64, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4
+    )
     model = LlamaForCausalLM(cfg)
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(3, 64, (120,), generator=g).tolist()] * 16

@@ -37,8 +37,12 @@ def torchrun(n: int, *args: str, cwd: Path | None = None) -> subprocess.Complete
 )
 def test_two_process_update_equals_one_process_update(tiny_model_dir, tmp_path, method, overrides):
     one, two = tmp_path / "one.pt", tmp_path / "two.pt"
-    single = subprocess.run([sys.executable, str(HERE / "dist_update.py"), str(tiny_model_dir), str(one), method, *overrides],
-                            capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    single = subprocess.run(
+        [sys.executable, str(HERE / "dist_update.py"), str(tiny_model_dir), str(one), method, *overrides],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert single.returncode == 0, single.stderr[-3000:]
     torchrun(2, str(HERE / "dist_update.py"), str(tiny_model_dir), str(two), method, *overrides)
     a, b = torch.load(one), torch.load(two)
@@ -56,8 +60,25 @@ def test_torchrun_train_writes_one_log_and_one_checkpoint(tiny_model_dir, tmp_pa
     out = tmp_path / "run"
     entry = Path(sys.executable).with_name("thinkrl")
     script = [str(entry)] if entry.exists() else ["-m", "thinkrl.cli"]
-    args = ["train", "--model", str(tiny_model_dir), "-O", str(out), "-o", "train.steps=2", "-o", "rollout.prompts_per_step=4",
-            "-o", "rollout.group_size=2", "-o", "rollout.max_new_tokens=6", "-o", "verifier.workers=1", "-o", "train.save_every=1"]
+    args = [
+        "train",
+        "--model",
+        str(tiny_model_dir),
+        "-O",
+        str(out),
+        "-o",
+        "train.steps=2",
+        "-o",
+        "rollout.prompts_per_step=4",
+        "-o",
+        "rollout.group_size=2",
+        "-o",
+        "rollout.max_new_tokens=6",
+        "-o",
+        "verifier.workers=1",
+        "-o",
+        "train.save_every=1",
+    ]
     torchrun(2, *script, *args)
     metrics = read_jsonl(out / "metrics.jsonl")
     assert [m["step"] for m in metrics] == [1, 2]  # one line per step, not one per rank
@@ -72,8 +93,21 @@ def test_torchrun_train_writes_one_log_and_one_checkpoint(tiny_model_dir, tmp_pa
 
 def test_prompts_per_step_must_divide_by_the_process_count(tiny_model_dir, tmp_path):
     entry = Path(sys.executable).with_name("thinkrl")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(entry), "train", "--model",
-           str(tiny_model_dir), "-O", str(tmp_path / "run"), "-o", "rollout.prompts_per_step=3"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        str(entry),
+        "train",
+        "--model",
+        str(tiny_model_dir),
+        "-O",
+        str(tmp_path / "run"),
+        "-o",
+        "rollout.prompts_per_step=3",
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=600)
     assert proc.returncode != 0
     assert "rollout.prompts_per_step=3 must be a multiple of the 2 processes" in proc.stderr

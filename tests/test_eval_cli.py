@@ -13,8 +13,23 @@ from thinkrl.evaluation.settings import EvalSettings, resolve_settings
 from thinkrl.run.jsonl import read_jsonl
 
 SAMPLE_FIELDS = {"id", "sample", "completion", "extracted", "gold", "correct", "length", "truncated"}
-SETTING_FIELDS = {"model", "adapter", "dataset", "preset", "n", "temperature", "top_p", "max_new_tokens", "seed",
-                  "template", "system", "instruction", "dtype", "grader", "context_window"}
+SETTING_FIELDS = {
+    "model",
+    "adapter",
+    "dataset",
+    "preset",
+    "n",
+    "temperature",
+    "top_p",
+    "max_new_tokens",
+    "seed",
+    "template",
+    "system",
+    "instruction",
+    "dtype",
+    "grader",
+    "context_window",
+}
 
 
 @pytest.fixture
@@ -33,8 +48,22 @@ def invoke(*args):
 
 def test_eval_writes_samples_and_summary_and_resumes_without_generating(tiny_model_dir, aime_like, tmp_path, monkeypatch):
     out = tmp_path / "out"
-    args = ["--model", str(tiny_model_dir), "--dataset", str(aime_like), "--n", "2", "--limit", "3",
-            "--max-new-tokens", "6", "--temperature", "1.0", "--output", str(out)]
+    args = [
+        "--model",
+        str(tiny_model_dir),
+        "--dataset",
+        str(aime_like),
+        "--n",
+        "2",
+        "--limit",
+        "3",
+        "--max-new-tokens",
+        "6",
+        "--temperature",
+        "1.0",
+        "--output",
+        str(out),
+    ]
     invoke(*args)
     samples = read_jsonl(out / "samples.jsonl")
     assert len(samples) == 6 and SAMPLE_FIELDS <= set(samples[0])
@@ -64,7 +93,19 @@ def test_resume_with_other_settings_is_refused(tiny_model_dir, aime_like, tmp_pa
 
 def test_several_datasets_get_one_directory_each(tiny_model_dir, aime_like, tmp_path):
     out = tmp_path / "out"
-    result = invoke("--model", str(tiny_model_dir), "--dataset", f"{aime_like},arith", "--limit", "2", "--max-new-tokens", "4", "--output", str(out), "--json")
+    result = invoke(
+        "--model",
+        str(tiny_model_dir),
+        "--dataset",
+        f"{aime_like},arith",
+        "--limit",
+        "2",
+        "--max-new-tokens",
+        "4",
+        "--output",
+        str(out),
+        "--json",
+    )
     assert (out / "aime_like" / "summary.json").is_file() and (out / "arith" / "summary.json").is_file()
     assert [s["dataset"] for s in json.loads(result.stdout)] == [str(aime_like), "arith"]
 
@@ -85,7 +126,9 @@ def test_presets_and_flag_overrides():
 
 def test_context_window_clips_the_budget_with_a_warning(tiny_model_dir, aime_like, tmp_path):
     out = tmp_path / "out"
-    result = invoke("--model", str(tiny_model_dir), "--dataset", str(aime_like), "--limit", "1", "--max-new-tokens", "100000", "--output", str(out))
+    result = invoke(
+        "--model", str(tiny_model_dir), "--dataset", str(aime_like), "--limit", "1", "--max-new-tokens", "100000", "--output", str(out)
+    )
     assert "clipped" in result.output
     summary = json.loads((out / "summary.json").read_text())
     assert summary["settings"]["clipped_prompts"] == 1 and summary["settings"]["context_window"] == 512

@@ -46,8 +46,12 @@ def test_majority_vote_rules():
 
 
 def test_summarise_two_problems():
-    rows = [sample(0, "1", True, 10, False, "a"), sample(1, "2", False, 20, True, "a"),
-            sample(0, "3", False, 30, False, "b"), sample(1, "3", False, 40, False, "b")]
+    rows = [
+        sample(0, "1", True, 10, False, "a"),
+        sample(1, "2", False, 20, True, "a"),
+        sample(0, "3", False, 30, False, "b"),
+        sample(1, "3", False, 40, False, "b"),
+    ]
     m = summarise(rows, 2)
     assert m["avg@2"] == pytest.approx(0.25)
     assert m["pass@1"] == pytest.approx(0.25) and m["pass@2"] == pytest.approx(0.5)

@@ -26,8 +26,16 @@ def llama(tiny_model_dir):
 def qwen2():
     """Qwen2's shape differs from Llama's where it matters here: biases on q, k and v."""
     torch.manual_seed(0)
-    config = Qwen2Config(vocab_size=110, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=False)
+    config = Qwen2Config(
+        vocab_size=110,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
+    )
     model = Qwen2ForCausalLM(config)
     with torch.no_grad():
         for layer in model.model.layers:  # random, not zero, biases
@@ -41,8 +49,11 @@ def qwen2():
 def test_lean_decoding_matches_the_transformers_forward(request, name, prompts):
     model = request.getfixturevalue(name)
     assert LeanDecoder.supports(model)
-    run = lambda lean: generate(model, prompts, 3, Sampling(12, 0.9, top_p=0.95), [1, 30, 31], 0,  # noqa: E731
-                                torch.Generator().manual_seed(3), record_topk=4, record_entropy=True, lean=lean)
+
+    def run(lean: bool):
+        sampling, gen = Sampling(12, 0.9, top_p=0.95), torch.Generator().manual_seed(3)
+        return generate(model, prompts, 3, sampling, [1, 30, 31], 0, gen, record_topk=4, record_entropy=True, lean=lean)
+
     a, b = run(True), run(False)
     assert a.lengths.min() < 12 < a.lengths.max() + 1  # some rows stopped early and left the batch
     assert torch.equal(a.tokens, b.tokens) and torch.equal(a.lengths, b.lengths)

@@ -151,9 +151,14 @@ def test_disk_full_during_a_checkpoint_keeps_the_previous_one_and_resume_works(t
     code, err = run_cli(tiny_args(tiny_model_dir, out, 2, "-o", "train.save_every=1"), capsys)
     line = error_line(err)
     assert code == 2
-    for part in (f"cannot write {out / 'checkpoints' / 'step-2'}", "No space left on device", "GiB free there",
-                 f"the last complete checkpoint {out / 'checkpoints' / 'step-1'} is intact", "Free space on that disk",
-                 f"thinkrl train --resume {out}"):
+    for part in (
+        f"cannot write {out / 'checkpoints' / 'step-2'}",
+        "No space left on device",
+        "GiB free there",
+        f"the last complete checkpoint {out / 'checkpoints' / 'step-1'} is intact",
+        "Free space on that disk",
+        f"thinkrl train --resume {out}",
+    ):
         assert part in line, (part, line)
     assert checkpoint.latest(out).name == "step-1" and hidden_dirs(out) == []  # the partial save is gone
     logged = read_jsonl(out / "metrics.jsonl")
@@ -188,6 +193,7 @@ def test_an_unwritable_output_dir_is_a_one_line_error(tiny_model_dir, tmp_path, 
     if blocked == "file":
         parent.write_text("")  # --output-dir below a regular file
     elif os.geteuid() == 0:  # root writes into a read-only directory: the refusal is simulated
+
         def refused(cfg, path):
             raise PermissionError(errno.EACCES, "Permission denied", str(path))
 
@@ -210,8 +216,14 @@ def test_a_real_failed_write_reports_one_line_and_leaves_no_partial_checkpoint(t
     def limit_file_size():
         resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, 100_000))
 
-    result = subprocess.run([sys.executable, "-m", "thinkrl", *map(str, tiny_args(tiny_model_dir, out, 1))], env=subprocess_env(),
-                            capture_output=True, text=True, timeout=300, preexec_fn=limit_file_size)
+    result = subprocess.run(
+        [sys.executable, "-m", "thinkrl", *map(str, tiny_args(tiny_model_dir, out, 1))],
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=limit_file_size,
+    )
     line = error_line(result.stderr)
     assert result.returncode == 2
     assert f"cannot write {out / 'checkpoints' / 'step-1'}" in line and "no checkpoint was written yet" in line, line
@@ -234,8 +246,14 @@ def test_a_signal_checkpoints_the_step_and_resume_matches_an_uninterrupted_run(t
     """SIGTERM to the trainer (a scheduler), or SIGINT to its whole process group, verifier workers included
     (Ctrl-C in a terminal): the step finishes, is checkpointed, the resume command is printed, exit 0."""
     out = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "thinkrl", *map(str, tiny_args(tiny_model_dir, out, 4))], env=subprocess_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "thinkrl", *map(str, tiny_args(tiny_model_dir, out, 4))],
+        env=subprocess_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 240
         while not ((out / "metrics.jsonl").is_file() and (out / "metrics.jsonl").read_text().strip()):
@@ -283,8 +301,17 @@ def test_out_of_memory_names_the_memory_settings_and_saves_nothing_new(tiny_mode
     line = error_line(err)
     assert code == 2 and line.startswith("error: step 2: out of GPU memory during the "), line
     assert "nothing new was saved, step-1 is the last checkpoint" in line, line
-    settings = ["train.micro_batch_size=3", "train.micro_batch_tokens=4096", "train.gradient_checkpointing=false", "rollout.batch_size=64", "rollout.max_new_tokens=8", "rollout.prompts_per_step=2",
-                "rollout.group_size=4", "model.lora.rank=16", f"thinkrl train --resume {out} {retry}"]
+    settings = [
+        "train.micro_batch_size=3",
+        "train.micro_batch_tokens=4096",
+        "train.gradient_checkpointing=false",
+        "rollout.batch_size=64",
+        "rollout.max_new_tokens=8",
+        "rollout.prompts_per_step=2",
+        "rollout.group_size=4",
+        "model.lora.rank=16",
+        f"thinkrl train --resume {out} {retry}",
+    ]
     assert all(s in line for s in settings), line
     assert [p.name for p in checkpoint.complete_checkpoints(out)] == ["step-1"] and hidden_dirs(out) == []
     assert [m["step"] for m in read_jsonl(out / "metrics.jsonl")] == [1]

@@ -226,7 +226,8 @@ def test_a_process_that_only_uses_the_pool_never_imports_sympy():
         "from thinkrl.verifier import VerifierPool\n"
         "with VerifierPool(workers=1, timeout=10) as pool:\n"
         "    scores, _ = pool.score(['\\\\boxed{2}', 'so 9^9^9^9^9'], ['2', '0.5'])\n"
-        "print(json.dumps({'scores': scores, 'loaded': sorted(m for m in ('sympy', 'math_verify', 'latex2sympy2_extended') if m in sys.modules)}))\n"
+        "mods = ('sympy', 'math_verify', 'latex2sympy2_extended')\n"
+        "print(json.dumps({'scores': scores, 'loaded': sorted(m for m in mods if m in sys.modules)}))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=TESTS.parent)
     assert out.returncode == 0, out.stderr
@@ -294,6 +295,10 @@ def test_a_killed_trainer_takes_its_workers_with_it_and_ctrl_c_does_not():
 def test_a_pool_left_open_does_not_hang_the_exit():
     """multiprocessing's exit hook SIGTERMs daemon workers and waits; ours ignore SIGTERM, so the pool
     closes itself first."""
-    code = "from thinkrl.verifier import VerifierPool\npool = VerifierPool(workers=2, timeout=5)\nprint(pool.score(['\\\\boxed{1}'], ['1'])[0])\n"
+    code = (
+        "from thinkrl.verifier import VerifierPool\n"
+        "pool = VerifierPool(workers=2, timeout=5)\n"
+        "print(pool.score(['\\\\boxed{1}'], ['1'])[0])\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=TESTS.parent)
     assert out.returncode == 0 and out.stdout.strip() == "[1.0]", out.stderr

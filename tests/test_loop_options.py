@@ -67,8 +67,19 @@ def run(args):
 
 def test_dynamic_sampling_keeps_only_groups_with_signal(tiny_model_dir, tmp_path):
     out = tmp_path / "run"
-    run(tiny_args(tiny_model_dir, out, 2, "-o", "rollout.dynamic_sampling=true", "-o", "rollout.max_sampling_rounds=4",
-                  "-o", "verifier.grader=helpers:even_answers_solved"))
+    run(
+        tiny_args(
+            tiny_model_dir,
+            out,
+            2,
+            "-o",
+            "rollout.dynamic_sampling=true",
+            "-o",
+            "rollout.max_sampling_rounds=4",
+            "-o",
+            "verifier.grader=helpers:even_answers_solved",
+        )
+    )
     metrics = read_jsonl(out / "metrics.jsonl")
     assert all(m["sampling/dropped_groups"] > 0 or m["sampling/rounds"] == 1 for m in metrics)
     assert sum(m["sampling/dropped_groups"] for m in metrics) > 0
@@ -78,8 +89,21 @@ def test_dynamic_sampling_keeps_only_groups_with_signal(tiny_model_dir, tmp_path
 
 def test_mask_truncated_and_overlong_and_correction_run_end_to_end(tiny_model_dir, tmp_path):
     out = tmp_path / "run"
-    run(tiny_args(tiny_model_dir, out, 2, "-o", "rollout.mask_truncated=true", "-o", "reward.overlong_buffer=4",
-                  "-o", "correction.mode=tis", "-o", "correction.level=sequence"))
+    run(
+        tiny_args(
+            tiny_model_dir,
+            out,
+            2,
+            "-o",
+            "rollout.mask_truncated=true",
+            "-o",
+            "reward.overlong_buffer=4",
+            "-o",
+            "correction.mode=tis",
+            "-o",
+            "correction.level=sequence",
+        )
+    )
     metrics = read_jsonl(out / "metrics.jsonl")
     for m in metrics:
         assert m["reward/shaped_mean"] <= m["reward/mean"]  # the punishment only subtracts

@@ -1,15 +1,24 @@
 """The contract every registered method must meet (architecture.md 3.2). Adding a file to
-thinkrl/methods/ is safe because this test runs over all of them."""
+thinkrl/methods/ is safe because this test runs over all of them. Each method's own hand-worked cases are
+tests/methods/test_<name>.py."""
 
+import dataclasses
+import re
 from pathlib import Path
 
 import pytest
 import torch
 
 from thinkrl.batch import TokenBatch
-from thinkrl.methods import available_methods, get_method, load_plugins
+from thinkrl.config.load import load_config, resolve
+from thinkrl.errors import UserError
+from thinkrl.methods import available_methods, get_method, load_plugins, method_class
 
-load_plugins(Path(__file__).parent.parent / "examples" / "custom_method")  # example plugins meet the contract too
+EXAMPLES = Path(__file__).parent.parent / "examples" / "custom_method"
+CONFIGS = Path(__file__).parent.parent / "configs"
+load_plugins(EXAMPLES)  # example plugins meet the contract too
+# examples/custom_method/vanilla_pg.py shows the plugin API on plain REINFORCE, which has no paper to cite
+NO_PAPER = {"vanilla_pg"}
 
 B, T, K = 4, 5, 3
 MASK = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0], [1, 1, 1, 1, 0]]).bool()
@@ -23,11 +32,16 @@ def make_batch(theta: torch.Tensor, topk_theta: torch.Tensor, junk: float | None
     behav = old.clone() if on_policy else (old + 0.2 * torch.randn(B, T, generator=g)).clamp(max=-0.01)
     adv = torch.tensor([1.0, -0.5, 0.7, -1.2])[:, None].expand(B, T).clone()
     fields = dict(
-        old_logp=old, behav_logp=behav, advantages=adv, token_ids=torch.randint(0, 50, (B, T), generator=g),
+        old_logp=old,
+        behav_logp=behav,
+        advantages=adv,
+        token_ids=torch.randint(0, 50, (B, T), generator=g),
         prefix_mask=torch.zeros(B, T, dtype=torch.bool).index_fill(1, torch.tensor([0]), True),
-        entropy=torch.rand(B, T, generator=g) * 2, old_entropy=torch.rand(B, T, generator=g) * 2,
+        entropy=torch.rand(B, T, generator=g) * 2,
+        old_entropy=torch.rand(B, T, generator=g) * 2,
         ref_logp=(old + 0.1 * torch.randn(B, T, generator=g)).clamp(max=-0.01),
-        topk_ids=torch.randint(0, 50, (B, T, K), generator=g), topk_old_logp=torch.log_softmax(torch.randn(B, T, K, generator=g), -1),
+        topk_ids=torch.randint(0, 50, (B, T, K), generator=g),
+        topk_old_logp=torch.log_softmax(torch.randn(B, T, K, generator=g), -1),
         token_js=torch.rand(B, T, generator=g) * 0.69,
     )
     topk_logp = topk_theta
@@ -116,3 +130,32 @@ def test_on_policy_gradient_is_reinforce(method_name):
     ref = aggregate(-adv * theta, MASK, m.cfg.aggregation, int(MASK.sum()), B, getattr(m.cfg, "norm_length", 0) or T)
     ref.backward()
     assert torch.allclose(grad, theta.grad, atol=1e-6)
+
+
+def test_help_names_the_paper_and_documents_every_field(method_name):
+    """`thinkrl methods NAME` prints help(): the paper by its arXiv id, then every Config field with a doc line."""
+    cls = method_class(method_name)
+    text = cls.help()
+    assert cls.summary()
+    if method_name not in NO_PAPER:
+        assert re.search(r"arXiv \d{4}\.\d{4,5}", text), f"{method_name}: help names no paper by its arXiv id"
+    for f in dataclasses.fields(cls.Config):
+        # "  name = default    doc"
+        assert re.search(rf"^  {re.escape(f.name)} = .*? {{4}}\S", text, re.M), f"{method_name}: field {f.name} has no doc line"
+
+
+def test_config_file_resolves(method_name):
+    path = CONFIGS / f"{method_name}.yaml"
+    if not path.exists():
+        pytest.skip(f"no configs/{method_name}.yaml (plugins ship none)")
+    assert resolve(load_config(path)).method.name == method_name
+
+
+def test_negative_clip_is_rejected(method_name):
+    fields = {f.name for f in dataclasses.fields(method_class(method_name).Config)}
+    if "clip_low" not in fields:
+        pytest.skip(f"{method_name} has no clip_low")
+    for field in ("clip_low", "clip_high") if "clip_high" in fields else ("clip_low",):
+        # cispo checks the pair: "clip_low and clip_high must be >= 0, got -0.1 and 0.2"
+        with pytest.raises(UserError, match=rf"({field}|clip_low and clip_high) must be >= 0, got .*-0\.1"):
+            get_method(method_name, **{field: -0.1})

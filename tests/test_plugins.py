@@ -64,7 +64,9 @@ def test_entry_point_group(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path / "pkg"))
     ep = importlib.metadata.EntryPoint(name="ep_method", value="ep_plugin", group="thinkrl.methods")
     real = importlib.metadata.entry_points
-    monkeypatch.setattr(methods.importlib.metadata, "entry_points", lambda group=None: [ep] if group == "thinkrl.methods" else real(group=group))
+    monkeypatch.setattr(
+        methods.importlib.metadata, "entry_points", lambda group=None: [ep] if group == "thinkrl.methods" else real(group=group)
+    )
     monkeypatch.setattr(methods, "_discovered", False)
     assert "ep_method" in available_methods()
     sys.modules.pop("ep_plugin", None)

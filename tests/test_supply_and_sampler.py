@@ -6,9 +6,9 @@ import torch
 from test_cli_e2e import invoke, tiny_args
 
 from thinkrl.config import Config
+from thinkrl.learner.batching import RolloutBatch
 from thinkrl.learner.logprobs import token_logprobs
 from thinkrl.learner.old_policy import old_policy
-from thinkrl.learner.batching import RolloutBatch
 from thinkrl.ops import js_divergence
 from thinkrl.rollout.completions import Completions, Sampling
 from thinkrl.rollout.engines.lean import generate

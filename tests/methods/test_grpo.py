@@ -1,30 +1,19 @@
-"""GRPO and the shared helpers against the hand-worked cases of methods.md 1.4 and 2.2."""
+"""GRPO against the hand-worked cases of methods.md 2.2 (aggregation, 1.4, is in test_common.py)."""
 
 import math
 
 import pytest
 import torch
+from batches import ratio_batch
 
 from thinkrl.batch import TokenBatch
+from thinkrl.errors import UserError
 from thinkrl.methods import get_method
-from thinkrl.methods._common import aggregate
 
 
 def one_token(ratio: float, adv: float):
-    """A 1x1 batch with log-ratio log(ratio) that carries grad."""
-    logp = torch.tensor([[math.log(ratio)]], requires_grad=True)
-    batch = TokenBatch(logp=logp, old_logp=torch.zeros(1, 1), behav_logp=torch.zeros(1, 1), advantages=torch.tensor([adv]), mask=torch.ones(1, 1))
-    return logp, batch
-
-
-def test_aggregation_worked_example():
-    # two sequences with per-token losses [1,2] and [3,4,5,6]
-    per_token = torch.tensor([[1.0, 2, 0, 0], [3, 4, 5, 6]])
-    mask = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1]]).bool()
-    assert aggregate(per_token, mask, "token-mean", 6, 2).item() == pytest.approx(3.5)  # 21 / 6
-    assert aggregate(per_token, mask, "seq-mean-token-mean", 6, 2).item() == pytest.approx(3.0)  # (1.5 + 4.5) / 2
-    assert aggregate(per_token, mask, "seq-mean-token-sum", 6, 2).item() == pytest.approx(10.5)  # (3 + 18) / 2
-    assert aggregate(per_token, mask, "seq-mean-token-sum-norm", 6, 2, norm_length=8).item() == pytest.approx(1.3125)  # 21/16
+    """A 1x1 batch with log-ratio log(ratio) over old_logp = 0; logp carries grad."""
+    return ratio_batch([[math.log(ratio)]], [adv], old=0.0)
 
 
 def test_ratio_above_clip_with_positive_advantage_is_clipped_and_has_no_gradient():
@@ -80,7 +69,9 @@ def test_k3_kl_term():
     # pi = ref -> KL 0; log(ref/pi) = 0.5 -> k3 = e^0.5 - 0.5 - 1 = 0.148721
     logp = torch.zeros(1, 2, requires_grad=True)
     ref = torch.tensor([[0.0, 0.5]])
-    batch = TokenBatch(logp=logp, old_logp=torch.zeros(1, 2), behav_logp=torch.zeros(1, 2), advantages=torch.zeros(1), mask=torch.ones(1, 2), ref_logp=ref)
+    batch = TokenBatch(
+        logp=logp, old_logp=torch.zeros(1, 2), behav_logp=torch.zeros(1, 2), advantages=torch.zeros(1), mask=torch.ones(1, 2), ref_logp=ref
+    )
     m = get_method("grpo", beta=0.1, aggregation="token-mean")
     assert m.requires == {"ref_logp"}
     loss, metrics = m.loss(batch)
@@ -89,8 +80,6 @@ def test_k3_kl_term():
 
 
 def test_grpo_config_is_validated():
-    from thinkrl.errors import UserError
-
     with pytest.raises(UserError, match="clip_hihg.*did you mean clip_high"):
         get_method("grpo", clip_hihg=0.3)
     with pytest.raises(UserError, match="method.clip_high: expected float"):

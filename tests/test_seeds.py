@@ -1,6 +1,6 @@
-"""Thinking Seeds: the loss (methods.md 3.5), the checkpoint pool, seeded rollouts and resume (thinkrl/rollout/seeds.py)."""
+"""Thinking Seeds outside the loss: the checkpoint pool, seeded rollouts, the config switch and resume
+(thinkrl/rollout/seeds.py). The loss (methods.md 3.5) is tests/methods/test_thinking_seeds.py."""
 
-import math
 from types import SimpleNamespace
 
 import pytest
@@ -8,83 +8,13 @@ import torch
 from test_cli_e2e import invoke, tiny_args
 from test_supply_and_sampler import PROMPTS, tiny
 
-from thinkrl.batch import TokenBatch
 from thinkrl.config import SeedsConfig
 from thinkrl.config.load import load_config, resolve
 from thinkrl.learner.logprobs import token_logprobs
-from thinkrl.methods import get_method
 from thinkrl.rollout.completions import Sampling
 from thinkrl.rollout.policy_copy import PolicySampler
 from thinkrl.rollout.seeds import SeedPool, seeded_generate
 from thinkrl.run.jsonl import read_jsonl
-
-
-def batch_with_prefix(prefix, logp_theta, logp_old, logp_behav, adv, mask=None):
-    logp = torch.tensor(logp_theta).requires_grad_()
-    batch = TokenBatch(
-        logp=logp, old_logp=torch.tensor(logp_old), behav_logp=torch.tensor(logp_behav), advantages=torch.tensor(adv),
-        mask=torch.ones_like(logp, dtype=torch.bool) if mask is None else torch.tensor(mask), prefix_mask=torch.tensor(prefix),
-    )
-    return logp, batch
-
-
-def random_batch(prefix_rows, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    theta = (-torch.rand(3, 5, generator=g) * 2 - 0.1).tolist()
-    old = (torch.tensor(theta) + 0.2 * torch.randn(3, 5, generator=g)).tolist()
-    behav = (torch.tensor(theta) + 0.5 * torch.randn(3, 5, generator=g)).tolist()
-    prefix = [[j < prefix_rows[i] for j in range(5)] for i in range(3)]
-    return theta, old, behav, prefix
-
-
-def loss_and_grad(method, batch, logp):
-    loss, metrics = method.loss(batch)
-    loss.backward()
-    return loss.detach(), logp.grad.clone(), metrics
-
-
-@pytest.mark.parametrize("host", ["dapo", "grpo"])
-def test_no_prefix_is_exactly_the_host_loss(host):
-    theta, old, behav, prefix = random_batch([0, 0, 0])
-    logp, batch = batch_with_prefix(prefix, theta, old, behav, [1.0, -0.5, 0.3])
-    got = loss_and_grad(get_method("thinking_seeds", host=host), batch, logp)
-    logp2, batch2 = batch_with_prefix(prefix, theta, old, behav, [1.0, -0.5, 0.3])
-    host_method = get_method("dapo") if host == "dapo" else get_method("grpo", aggregation="token-mean")
-    want = loss_and_grad(host_method, batch2, logp2)
-    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
-
-
-def test_historical_policy_equal_to_pi_old_is_on_policy():
-    # prefix tokens anchored at pi_h = pi_old: the same loss and gradient as with no prefix at all
-    theta, old, _, prefix = random_batch([2, 5, 0])
-    logp, batch = batch_with_prefix(prefix, theta, old, old, [1.0, -0.5, 0.3])
-    got = loss_and_grad(get_method("thinking_seeds"), batch, logp)
-    logp2, batch2 = batch_with_prefix([[False] * 5] * 3, theta, old, old, [1.0, -0.5, 0.3])
-    want = loss_and_grad(get_method("thinking_seeds"), batch2, logp2)
-    assert torch.allclose(got[0], want[0]) and torch.allclose(got[1], want[1])
-
-
-def test_prefix_token_ratio_against_the_historical_policy():
-    # methods.md 3.5: pi_theta = 0.3, pi_h = 0.6 -> r = 0.5; A = +1, eps 0.2: max(-0.5, -0.8) = -0.5, unclipped,
-    # so d l / d log pi = -r A = -0.5. The continuation token (pi_old = pi_theta) has r = 1: l = -1, grad -1.
-    # token-mean over 2 tokens: loss = (-0.5 - 1) / 2, grads [-0.25, -0.5]
-    logp, batch = batch_with_prefix([[True, False]], [[math.log(0.3), math.log(0.2)]], [[math.log(0.9), math.log(0.2)]],
-                                    [[math.log(0.6), math.log(0.7)]], [1.0])
-    loss, grad, metrics = loss_and_grad(get_method("thinking_seeds", host="grpo"), batch, logp)
-    assert loss.item() == pytest.approx(-0.75)
-    assert torch.allclose(grad, torch.tensor([[-0.25, -0.5]]))
-    assert metrics["prefix/abs_log_ratio"].item() == pytest.approx(math.log(2))
-    assert metrics["cont/abs_log_ratio"].item() == pytest.approx(0.0)
-
-
-def test_prefix_cap_limits_a_stale_ratio_with_negative_advantage():
-    # pi_theta = 0.9, pi_h = 0.1: r = 9, A = -1: uncapped l = 9; capped at 2 -> l = 2 with no gradient
-    logp, batch = batch_with_prefix([[True]], [[math.log(0.9)]], [[math.log(0.9)]], [[math.log(0.1)]], [-1.0])
-    loss, grad, _ = loss_and_grad(get_method("thinking_seeds"), batch, logp)
-    assert loss.item() == pytest.approx(2.0) and grad.item() == 0.0
-    logp, batch = batch_with_prefix([[True]], [[math.log(0.9)]], [[math.log(0.9)]], [[math.log(0.1)]], [-1.0])
-    loss, grad, _ = loss_and_grad(get_method("thinking_seeds", prefix_cap=0.0), batch, logp)
-    assert loss.item() == pytest.approx(9.0) and grad.item() == pytest.approx(9.0)
 
 
 def test_pool_is_fifo_with_a_pinned_initial_policy(tmp_path):
