@@ -1,18 +1,16 @@
-"""Faults end to end through the CLI on the tiny model: NaN/inf updates, failed writes, SIGINT/SIGTERM,
-GPU out of memory. Each must end in one line that says what to do (exit 2), or a clean stop (exit 0), and
-never cost the last complete checkpoint or the metrics already logged.
+"""Faults end to end through the CLI on the tiny model: NaN/inf updates, failed writes, GPU out of memory
+(SIGINT/SIGTERM: tests/test_signals.py). Each must end in one line that says what to do (exit 2), or a clean
+stop (exit 0), and never cost the last complete checkpoint or the metrics already logged.
 
-Faults are injected with monkeypatch in-process; the signal tests and one real write failure (a file-size
-limit) run `python -m thinkrl` in a subprocess.
+Faults are injected with monkeypatch in-process; one real write failure (a file-size limit) runs
+`python -m thinkrl` in a subprocess.
 """
 
 import errno
 import os
 import resource
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -231,51 +229,7 @@ def test_a_real_failed_write_reports_one_line_and_leaves_no_partial_checkpoint(t
     assert [m["step"] for m in read_jsonl(out / "metrics.jsonl")] == [1]
 
 
-# --- 3. SIGINT / SIGTERM
-
-
-@pytest.fixture(scope="module")
-def straight_run(tiny_model_dir, tmp_path_factory) -> list[dict]:
-    out = tmp_path_factory.mktemp("straight") / "run"
-    invoke(tiny_args(tiny_model_dir, out, 4))
-    return read_jsonl(out / "metrics.jsonl")
-
-
-@pytest.mark.parametrize("signum, to_group", [(signal.SIGTERM, False), (signal.SIGINT, True)], ids=["SIGTERM", "Ctrl-C"])
-def test_a_signal_checkpoints_the_step_and_resume_matches_an_uninterrupted_run(tiny_model_dir, tmp_path, straight_run, signum, to_group):
-    """SIGTERM to the trainer (a scheduler), or SIGINT to its whole process group, verifier workers included
-    (Ctrl-C in a terminal): the step finishes, is checkpointed, the resume command is printed, exit 0."""
-    out = tmp_path / "run"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "thinkrl", *map(str, tiny_args(tiny_model_dir, out, 4))],
-        env=subprocess_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        deadline = time.monotonic() + 240
-        while not ((out / "metrics.jsonl").is_file() and (out / "metrics.jsonl").read_text().strip()):
-            assert proc.poll() is None and time.monotonic() < deadline, "the run ended before its first step"
-            time.sleep(0.02)
-        (os.killpg if to_group else os.kill)(proc.pid, signum)
-        _, err = proc.communicate(timeout=240)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 0 and "Traceback" not in err, err
-    assert f"continue with: thinkrl train --resume {out}" in err, err
-    stopped = len(read_jsonl(out / "metrics.jsonl"))
-    assert 1 <= stopped < 4 and checkpoint.latest(out).name == f"step-{stopped}"
-
-    invoke(["train", "--resume", str(out)])
-    resumed = read_jsonl(out / "metrics.jsonl")
-    assert [{k: m.get(k) for k in COMPARED} for m in resumed] == [{k: m.get(k) for k in COMPARED} for m in straight_run]
-    assert all(m["verifier/crashes"] == 0 for m in resumed)  # no worker was killed by the signal
-
-
-# --- 4. GPU out of memory
+# --- 3. GPU out of memory (signals: tests/test_signals.py)
 
 
 @pytest.mark.parametrize(
