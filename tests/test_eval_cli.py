@@ -5,11 +5,11 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-import thinkrl.evaluation.evaluate as evaluate_mod
 from thinkrl.cli import app
 from thinkrl.config import Config
 from thinkrl.errors import UserError
 from thinkrl.evaluation.settings import EvalSettings, resolve_settings
+from thinkrl.rollout.engines import LeanEngine
 from thinkrl.run.jsonl import read_jsonl
 
 SAMPLE_FIELDS = {"id", "sample", "completion", "extracted", "gold", "correct", "length", "truncated"}
@@ -75,8 +75,8 @@ def test_eval_writes_samples_and_summary_and_resumes_without_generating(tiny_mod
     assert summary["settings"]["preset"] == "greedy" and summary["settings"]["n"] == 2
 
     calls = []
-    real = evaluate_mod.generate
-    monkeypatch.setattr(evaluate_mod, "generate", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = LeanEngine.generate
+    monkeypatch.setattr(LeanEngine, "generate", lambda *a, **k: calls.append(1) or real(*a, **k))
     invoke(*args)
     assert calls == [] and read_jsonl(out / "samples.jsonl") == samples  # nothing regenerated
     invoke(*[a if a != "3" else "5" for a in args])  # a larger --limit generates only the new problems

@@ -95,8 +95,6 @@ def test_mask_truncated_and_overlong_and_correction_run_end_to_end(tiny_model_di
             out,
             2,
             "-o",
-            "rollout.mask_truncated=true",
-            "-o",
             "reward.overlong_buffer=4",
             "-o",
             "correction.mode=tis",

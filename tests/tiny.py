@@ -31,8 +31,9 @@ def build_tokenizer(chat: bool = True):
     return tok
 
 
-def build_tiny_model(directory: str | Path, seed: int = 0, chat: bool = True) -> Path:
-    """Write a tiny Llama-shaped model + tokenizer into `directory` and return it."""
+def build_tiny_model(directory: str | Path, seed: int = 0, chat: bool = True, heads: int = 4, head_dim: int = 8) -> Path:
+    """Write a tiny Llama-shaped model + tokenizer into `directory` and return it (heads query heads of
+    head_dim, half as many key/value heads; vLLM's CPU kernels need head_dim >= 32)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -40,11 +41,12 @@ def build_tiny_model(directory: str | Path, seed: int = 0, chat: bool = True) ->
     tok = build_tokenizer(chat)
     config = LlamaConfig(
         vocab_size=len(tok),
-        hidden_size=32,
-        intermediate_size=64,
+        hidden_size=heads * head_dim,
+        intermediate_size=2 * heads * head_dim,
         num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        num_attention_heads=heads,
+        num_key_value_heads=max(1, heads // 2),
+        head_dim=head_dim,
         max_position_embeddings=512,
         pad_token_id=tok.pad_token_id,
         bos_token_id=tok.bos_token_id,

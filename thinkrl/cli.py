@@ -77,7 +77,8 @@ def eval_(
     template: str | None = typer.Option(None, "--template", help="auto | chat | plain"),
     seed: int = typer.Option(0, "--seed"),
     split: str | None = typer.Option(None, "--split", help="Dataset split (arith: test; aliases: their own)."),
-    batch_size: int = typer.Option(64, "--batch-size", help="Completions decoded together."),
+    batch_size: int = typer.Option(64, "--batch-size", help="Completions decoded together (the engine's slots)."),
+    engine: str = typer.Option("auto", "--engine", help="auto | lean | transformers | vllm: what samples (docs/engines.md)."),
     config: Path | None = typer.Option(None, "--config", help="Take the prompt template and task settings from this train config."),
     adapter: Path | None = typer.Option(None, "--adapter", help="A peft adapter directory to apply to --model."),
     as_json: bool = typer.Option(False, "--json", help="Print the summaries as JSON."),
@@ -91,6 +92,8 @@ def eval_(
         raise UserError("--limit must be >= 0 and --batch-size >= 1")
     if template not in (None, "auto", "chat", "plain"):
         raise UserError(f"--template {template!r}: choose auto, chat or plain")
+    if engine not in ("auto", "lean", "transformers", "vllm"):
+        raise UserError(f"--engine {engine!r}: choose auto, lean, transformers or vllm")
     cfg = load_config(config) if config else None
     settings = EvalSettings(
         model=model,
@@ -108,6 +111,7 @@ def eval_(
         limit=limit,
         batch_size=batch_size,
         adapter=str(adapter) if adapter else None,
+        engine=engine,
     )
     datasets = [d.strip() for d in dataset.split(",") if d.strip()] if dataset else []
     summaries = evaluate(settings, datasets, output, cfg)

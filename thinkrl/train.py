@@ -38,7 +38,8 @@ from thinkrl.learner.logprobs import PolicyLogProbs
 from thinkrl.learner.update import UpdateContext, update
 from thinkrl.methods import get_method
 from thinkrl.models import eos_ids, load_base, load_policy, parameter_counts
-from thinkrl.rollout.collect import collect
+from thinkrl.rollout.collect import RolloutContext, collect
+from thinkrl.rollout.engines import engine_for_run
 from thinkrl.rollout.policy_copy import PolicySampler
 from thinkrl.run import checkpoint, faults, records, trackers
 from thinkrl.run.console import console, progress, step_line
@@ -137,8 +138,7 @@ def train(cfg: Config, resume: bool = False) -> Path:
     if main:
         metrics_log.truncate_after(start)
         rollouts_log.truncate_after(start)
-    eos, pad = eos_ids(policy, tok), tok.pad_token_id
-    recorded = _sampler_records(method, cfg)
+    engine = engine_for_run(cfg, device)
 
     def save(step: int) -> None:
         state = {"seed": tc.seed, "method": cfg.method.name}
@@ -160,6 +160,8 @@ def train(cfg: Config, resume: bool = False) -> Path:
             progress() as bar,
         ):
             task = bar.add_task(cfg.method.name, total=tc.steps, completed=start, info="")
+            eos, recorded = eos_ids(policy, tok), _sampler_records(method, cfg)
+            rollout = RolloutContext(cfg, engine, sampler, tok, pool, eos, tok.pad_token_id, **recorded, seed_pool=seed_pool)
             for step in range(start, tc.steps):
                 t0 = time.perf_counter()
                 generator = seed_step(tc.seed, step + 1, device, rank)
@@ -169,7 +171,7 @@ def train(cfg: Config, resume: bool = False) -> Path:
                 sampler.refresh()
                 if seed_pool is not None:  # Thinking Seeds: every seeds.every steps the policy joins the pool
                     seed_pool.maybe_add(step, sampler.snapshot())
-                samples = collect(step, prompts, cfg, sampler, tok, pool, generator, eos, pad, **recorded, seed_pool=seed_pool)
+                samples = collect(rollout, step, prompts, generator)
                 t2 = time.perf_counter()
 
                 # 3. advantages (B,) and 4. update (skipped when dynamic sampling kept no group)
@@ -191,7 +193,7 @@ def train(cfg: Config, resume: bool = False) -> Path:
                 evals = {}
                 if main and cfg.eval.every and ((step + 1) % cfg.eval.every == 0 or done):
                     phase = "evaluation"
-                    evals = eval_during_training(sampler.refresh(current=True), tok, cfg, run_dir, step + 1, pool)
+                    evals = eval_during_training(sampler.refresh(current=True), tok, cfg, run_dir, step + 1, pool, engine)
                     evals["time/eval"] = time.perf_counter() - t3
                 record = records.step_record(step + 1, samples, upd, astats, {"time/update": t3 - t2, "time/step": t3 - t0, **evals})
                 if main:
@@ -223,6 +225,7 @@ def train(cfg: Config, resume: bool = False) -> Path:
         raise UserError(faults.out_of_memory_message(cfg, step + 1, phase, run_dir)) from e
     finally:
         flag.restore()
+        engine.close()
         accelerator.end_training()  # flush and close the trackers
     console.print(f"run directory: {run_dir}")
     return run_dir

@@ -2,10 +2,26 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from thinkrl.config.typecheck import check
+
+
+@dataclass
+class VLLMConfig:
+    memory: float = 0.0
+    """Share of GPU memory (on a CPU: of RAM) vLLM reserves for weights and KV cache; 0 = 0.3 on CUDA, 0.15 on a CPU."""
+    max_model_len: int = 0
+    """Longest prompt + completion vLLM plans for; 0 = data.max_prompt_tokens + rollout.max_new_tokens."""
+    sleep: bool = True
+    """On CUDA, release vLLM's KV cache during each update (sleep mode) and take it back before the next rollout."""
+
+    def __post_init__(self) -> None:
+        check(
+            (0 <= self.memory < 1, f"memory must be in [0, 1) (0 = the default share), got {self.memory}"),
+            (self.max_model_len >= 0, f"max_model_len must be >= 0 (0 = prompt + budget), got {self.max_model_len}"),
+        )
 
 
 @dataclass
@@ -31,7 +47,11 @@ class RolloutConfig:
     staleness: int = 0
     """Sample with the policy of this many training steps ago (0 = the current one): controlled off-policy data."""
     batch_size: int = 64
-    """Completions decoded together in one generation batch (whole groups; Thinking Seeds rounds decode at once)."""
+    """Completions decoded together: the engine's slots (lean: refilled as rows finish; vLLM: max_num_seqs)."""
+    engine: Literal["auto", "lean", "transformers", "vllm"] = "auto"
+    """What samples: lean (fused decode loop, continuous batching; the CPU default), transformers (its paged
+    continuous batching), vllm (the thinkrl[vllm] extra); auto picks by device (see docs/engines.md)."""
+    vllm: VLLMConfig = field(default_factory=VLLMConfig)
     dynamic_sampling: bool = False
     """DAPO: drop groups whose rewards are all equal and sample more prompts until the step is full."""
     max_sampling_rounds: int = 3

@@ -8,6 +8,7 @@ thinkrl/evaluation/metrics.py.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from dataclasses import asdict, replace
@@ -21,12 +22,14 @@ from thinkrl.data import build_prompts, load_problems
 from thinkrl.errors import UserError
 from thinkrl.evaluation.metrics import summarise
 from thinkrl.evaluation.settings import EvalSettings, check_resume, resolve_settings, versions
-from thinkrl.models import eos_ids, load_base, resolve_dtype
+from thinkrl.models import eos_ids, load_base, resolve_dtype, resolve_path
 from thinkrl.rollout.completions import Sampling
-from thinkrl.rollout.engines.lean import generate
+from thinkrl.rollout.engines import Engine, make_engine
 from thinkrl.run.checkpoint import find_checkpoint
 from thinkrl.run.console import console, progress
 from thinkrl.run.jsonl import JsonlLog, read_jsonl
+
+CHUNK_SLOTS = 4
 
 
 def load_for_eval(model_arg: str, adapter: str | None, device: torch.device):
@@ -53,14 +56,14 @@ def load_for_eval(model_arg: str, adapter: str | None, device: torch.device):
     return model.to(device).eval().requires_grad_(False), tok, run_cfg  # frozen: generate may take the lean path
 
 
-def eval_dataset(model, tok, s: EvalSettings, data_cfg: DataConfig, out_dir: Path, pool) -> dict:
-    """Generate, grade and summarise one dataset into out_dir (resuming what is already there)."""
+def eval_dataset(model, tok, s: EvalSettings, data_cfg: DataConfig, out_dir: Path, pool, engine: Engine) -> dict:
+    """Generate with `engine`, grade and summarise one dataset into out_dir (resuming what is already there)."""
     split = s.split or ("test" if data_cfg.name == "arith" else None)
     loaded = load_problems(replace(data_cfg, name=s.dataset, limit=s.limit), split)
     prompt_cfg = PromptConfig(template=s.template, system=s.system, instruction=s.instruction)
     prompts, _ = build_prompts(loaded.problems, tok, prompt_cfg, max_tokens=10**9)
     out_dir.mkdir(parents=True, exist_ok=True)
-    settings = {**asdict(s), "dtype": str(next(model.parameters()).dtype).replace("torch.", "")}
+    settings = {**asdict(s), "dtype": str(next(model.parameters()).dtype).replace("torch.", ""), "engine_used": engine.name}
     check_resume(out_dir, settings)
     (out_dir / "settings.json").write_text(json.dumps(settings, indent=2))
     log = JsonlLog(out_dir / "samples.jsonl")
@@ -68,7 +71,8 @@ def eval_dataset(model, tok, s: EvalSettings, data_cfg: DataConfig, out_dir: Pat
     todo = [p for p in sorted(prompts, key=lambda p: len(p.ids)) if any((p.id, k) not in done for k in range(s.n))]
     context = getattr(model.config, "max_position_embeddings", None) or 10**9
     eos = eos_ids(model, tok)
-    per_batch, clipped, new_tokens, correct, graded = max(1, s.batch_size // s.n), 0, 0, 0, 0
+    # a call decodes CHUNK_SLOTS x the engine's slots of requests (its slots refill within a call); written per call
+    per_batch, clipped, new_tokens, correct, graded = max(1, CHUNK_SLOTS * s.batch_size // s.n), 0, 0, 0, 0
     t0 = time.perf_counter()
     with progress() as bar:
         task = bar.add_task(s.dataset, total=len(todo) * s.n, info="")
@@ -83,7 +87,7 @@ def eval_dataset(model, tok, s: EvalSettings, data_cfg: DataConfig, out_dir: Pat
                 )
             gen = torch.Generator(device=model.device).manual_seed(s.seed * 1_000_003 + b)
             sampling = Sampling(budget, s.temperature, s.top_p)
-            comp = generate(model, [p.ids for p in chunk], s.n, sampling, eos, tok.pad_token_id, gen)
+            comp = engine.generate(model, [p.ids for p in chunk], s.n, sampling, eos, tok.pad_token_id, gen)
             texts = tok.batch_decode([row[m].tolist() for row, m in zip(comp.tokens, comp.mask)], skip_special_tokens=True)
             scores, extracted, _ = pool.grade(texts, [p.answer for p in chunk for _ in range(s.n)])
             records = []
@@ -127,7 +131,7 @@ def eval_dataset(model, tok, s: EvalSettings, data_cfg: DataConfig, out_dir: Pat
     return summary
 
 
-def eval_during_training(model, tok, cfg: Config, run_dir: Path, step: int, pool) -> dict[str, float]:
+def eval_during_training(model, tok, cfg: Config, run_dir: Path, step: int, pool, engine: Engine) -> dict[str, float]:
     """Periodic evaluation from the training loop (eval.*): RUN_DIR/eval/step-N/<dataset>/; flat metrics."""
     out: dict[str, float] = {}
     for name in cfg.eval.datasets or [cfg.data.name]:
@@ -139,9 +143,11 @@ def eval_during_training(model, tok, cfg: Config, run_dir: Path, step: int, pool
             limit=cfg.eval.limit,
             max_new_tokens=cfg.eval.max_new_tokens,
             grader=cfg.verifier.grader,
+            engine=engine.name,
+            batch_size=engine.slots,
         )
         s = resolve_settings(s, cfg)
-        summary = eval_dataset(model, tok, s, cfg.data, run_dir / "eval" / f"step-{step}" / Path(s.dataset).stem, pool)
+        summary = eval_dataset(model, tok, s, cfg.data, run_dir / "eval" / f"step-{step}" / Path(s.dataset).stem, pool, engine)
         for k, v in summary["metrics"].items():
             if not k.endswith(("_low", "_high")):
                 out[f"eval/{Path(s.dataset).stem}/{k}"] = v
@@ -157,7 +163,9 @@ def evaluate(s: EvalSettings, datasets: list[str], output: Path | None, cfg: Con
     base = cfg or run_cfg or Config()
     found = find_checkpoint(s.model)
     summaries = []
-    with VerifierPool() as pool:
+    path = str(found[1] / "model") if found and (found[1] / "model").is_dir() else resolve_path(run_cfg.model.name if run_cfg else s.model)
+    engine = make_engine(s.engine, device, s.batch_size, s.max_new_tokens or 0, model_path=path)
+    with VerifierPool() as pool, contextlib.closing(engine):
         for name in datasets or [base.data.name]:
             settings = resolve_settings(replace(s, dataset=name), base)
             stem = Path(settings.dataset).stem
@@ -165,6 +173,6 @@ def evaluate(s: EvalSettings, datasets: list[str], output: Path | None, cfg: Con
                 out_dir = (found[0] / "eval" / stem) if found else Path("eval") / stem
             else:
                 out_dir = output if len(datasets) <= 1 else output / stem
-            summaries.append(eval_dataset(model, tok, settings, base.data, out_dir, pool))
+            summaries.append(eval_dataset(model, tok, settings, base.data, out_dir, pool, engine))
             console.print(f"written: {out_dir}/summary.json, {out_dir}/samples.jsonl")
     return summaries

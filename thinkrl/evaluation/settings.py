@@ -66,6 +66,7 @@ class EvalSettings:
     batch_size: int = 64  # completions decoded together
     adapter: str | None = None
     grader: str = "thinkrl.verifier:grade"
+    engine: str = "auto"  # auto | lean | transformers | vllm (thinkrl/rollout/engines/)
 
 
 def resolve_settings(s: EvalSettings, cfg: Config) -> EvalSettings:

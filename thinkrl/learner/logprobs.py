@@ -115,14 +115,17 @@ def token_logprobs(
 
 
 @torch.no_grad()
-def visit_distributions(model, prompts: list[list[int]], completions: Tensor, mask: Tensor, pad_id: int, temperature: float, visit) -> None:
+def visit_distributions(
+    model, prompts: list[list[int]], completions: Tensor, mask: Tensor, pad_id: int, temperature: float, visit, raw: bool = False
+) -> None:
     """Call visit(logp (n, V), start) for consecutive chunks of the N generated positions (row-major over
-    mask == 1), logp being the tempered next-token log-distribution: for statistics that need the whole
-    vocabulary (top-K, JS divergence) without ever holding (B, T, V) of it."""
+    mask == 1), logp being the tempered next-token log-distribution (raw: the float32 logits themselves):
+    for statistics that need the whole vocabulary (top-K, JS divergence) without ever holding (B, T, V) of it."""
     h, _, head, config = _hidden(model, prompts, completions, mask, pad_id)
     rows = max(1, CHUNK_ELEMS // head.weight.shape[0])
     for s in range(0, h.shape[0], rows):
-        visit(torch.log_softmax(tempered_logits(head, config, h[s : s + rows], temperature), -1), s)
+        logits = tempered_logits(head, config, h[s : s + rows], 1.0 if raw else temperature)  # (n, V)
+        visit(logits if raw else torch.log_softmax(logits, -1), s)
 
 
 class PolicyLogProbs(torch.nn.Module):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import random
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -21,7 +22,7 @@ from torch import Tensor
 from thinkrl import distributed
 from thinkrl.data import Prompt, step_prompts
 from thinkrl.rollout.completions import Completions, Sampling
-from thinkrl.rollout.engines.lean import generate
+from thinkrl.rollout.engines import Engine
 from thinkrl.rollout.seeds import seeded_generate
 
 
@@ -50,22 +51,26 @@ def _round_prompts(prompts: list[Prompt], step: int, rnd: int, per_step: int, se
     return [prompts[i] for i in rng.sample(range(len(prompts)), min(per_step, len(prompts)))]
 
 
-def collect(
-    step: int,
-    prompts: list[Prompt],
-    cfg,
-    sampler,
-    tok,
-    pool,
-    generator,
-    eos: list[int],
-    pad: int,
-    record_topk: int = 0,
-    record_entropy: bool = False,
-    seed_pool=None,
-) -> StepSamples:
-    """The step's kept groups, sampled with `sampler` (its last refresh) and graded by `pool`; with a
-    Thinking Seeds `seed_pool`, part of each group starts from historical prefixes (thinkrl/rollout/seeds.py)."""
+@dataclass
+class RolloutContext:
+    """What sampling and scoring a step work with; train.py builds it once."""
+
+    cfg: Any  # thinkrl.config.Config
+    engine: Engine
+    sampler: Any  # thinkrl.rollout.policy_copy.PolicySampler
+    tok: Any
+    pool: Any  # the verifier pool
+    eos: list[int]
+    pad: int
+    record_topk: int = 0  # the sampler's top-K and entropy, when the sampler stands in for pi_old
+    record_entropy: bool = False
+    seed_pool: Any = None  # Thinking Seeds' thinkrl.rollout.seeds.SeedPool
+
+
+def collect(ctx: RolloutContext, step: int, prompts: list[Prompt], generator: torch.Generator) -> StepSamples:
+    """The step's kept groups, sampled by ctx.engine with the sampler's last refresh and graded by ctx.pool;
+    with a Thinking Seeds pool, part of each group starts from historical prefixes (thinkrl/rollout/seeds.py)."""
+    cfg, tok, pool, pad = ctx.cfg, ctx.tok, ctx.pool, ctx.pad
     rc, G = cfg.rollout, cfg.rollout.group_size
     rank, world = distributed.world()
     target = rc.prompts_per_step // world  # groups this rank keeps
@@ -83,15 +88,13 @@ def collect(
     for rnd in range(rc.max_sampling_rounds if rc.dynamic_sampling else 1):
         batch = distributed.shard(_round_prompts(prompts, step, rnd, rc.prompts_per_step, cfg.train.seed), rank, world)
         t0 = time.perf_counter()
-        if seed_pool is not None:
-            comp = seeded_generate(sampler, seed_pool, step, [p.ids for p in batch], G, sampling, cfg.seeds, eos, pad, generator, tok)
+        ids = [p.ids for p in batch]
+        if ctx.seed_pool is not None:
+            comp = seeded_generate(ctx.engine, ctx.sampler, ctx.seed_pool, step, ids, G, sampling, cfg.seeds, ctx.eos, pad, generator, tok)
         else:
-            model, ids, per = sampler.restore(), [p.ids for p in batch], max(1, rc.batch_size // G)  # rollout.batch_size rows at a time
-            parts = [
-                generate(model, ids[i : i + per], G, sampling, eos, pad, generator, record_topk, record_entropy)
-                for i in range(0, len(ids), per)
-            ]
-            comp = parts[0] if len(parts) == 1 else Completions.cat(parts, pad)
+            model = ctx.sampler.restore()
+            comp = ctx.engine.generate(model, ids, G, sampling, ctx.eos, pad, generator, ctx.record_topk, ctx.record_entropy)
+            stats.update(ctx.engine.stats)
         t1 = time.perf_counter()
         texts = tok.batch_decode([row[m].tolist() for row, m in zip(comp.tokens, comp.mask)], skip_special_tokens=True)
         scores, extracted, vstats = pool.grade(texts, [p.answer for p in batch for _ in range(G)])
@@ -121,8 +124,8 @@ def collect(
     comp = Completions.cat([k[1] for k in kept], pad)
     scores = torch.cat([k[3] for k in kept])  # (P * G,)
     rewards = scores + overlong_penalty(comp.lengths.cpu(), rc.max_new_tokens, cfg.reward.overlong_buffer, cfg.reward.overlong_penalty)
-    if seed_pool is not None:
-        stats.update(_seed_stats(comp, scores, seed_pool))
+    if ctx.seed_pool is not None:
+        stats.update(_seed_stats(comp, scores, ctx.seed_pool))
     return StepSamples([k[0] for k in kept], comp, [t for k in kept for t in k[2]], scores, rewards, stats)
 
 

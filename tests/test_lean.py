@@ -1,0 +1,132 @@
+"""The lean engine (thinkrl/rollout/engines/lean.py, lean_decoder.py): the same tokens and log-probs as the
+transformers forward (the reference loop), whatever the number of slots; slots refilled as rows finish; key/value
+storage that follows the longest live row, not the budget."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+from thinkrl.rollout.completions import Sampling
+from thinkrl.rollout.engines.lean import lean_generate
+from thinkrl.rollout.engines.lean_decoder import CHUNK, LeanDecoder
+from thinkrl.rollout.engines.reference import reference_generate
+
+PROMPTS = [[4, 65, 24, 17, 36], [4, 70, 71, 72, 73, 74, 75, 76, 5], [9, 9, 8]]  # lengths 5, 9, 3: left padding
+
+
+def frozen(model):
+    return model.eval().requires_grad_(False)
+
+
+@pytest.fixture
+def llama(tiny_model_dir):
+    return frozen(AutoModelForCausalLM.from_pretrained(tiny_model_dir))
+
+
+@pytest.fixture
+def qwen2():
+    """Qwen2's shape differs from Llama's where it matters here: biases on q, k and v."""
+    torch.manual_seed(0)
+    config = Qwen2Config(
+        vocab_size=110,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
+    )
+    model = Qwen2ForCausalLM(config)
+    with torch.no_grad():
+        for layer in model.model.layers:  # random, not zero, biases
+            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                proj.bias.normal_(0, 0.5)
+    return frozen(model)
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen2"])
+@pytest.mark.parametrize("prompts", [PROMPTS, [PROMPTS[0], PROMPTS[0][::-1]]])  # different lengths, and one length
+@pytest.mark.parametrize("slots", [0, 4, 1])  # all at once, refilled, one at a time
+def test_lean_decoding_matches_the_transformers_forward(request, name, prompts, slots):
+    model = request.getfixturevalue(name)
+    assert LeanDecoder.supports(model)
+    sampling, eos = Sampling(12, 0.9, top_p=0.95), [1, 30, 31]
+    ref = reference_generate(model, prompts, 3, sampling, eos, 0, torch.Generator().manual_seed(3), 4, True)
+    lean, stats = lean_generate(model, prompts, 3, sampling, eos, 0, torch.Generator().manual_seed(3), 4, True, slots)
+    assert ref.lengths.min() < 12 <= ref.lengths.max()  # some rows stopped early, others ran to the budget
+    assert torch.equal(ref.tokens, lean.tokens) and torch.equal(ref.lengths, lean.lengths)
+    assert torch.equal(ref.truncated, lean.truncated)
+    for x, y in ((ref.behav_logp, lean.behav_logp), (ref.topk_logp, lean.topk_logp), (ref.entropy, lean.entropy)):
+        torch.testing.assert_close(x, y, atol=1e-5, rtol=0)
+    assert torch.equal(ref.topk_ids[ref.mask], lean.topk_ids[lean.mask])
+    assert stats["generate/slot_utilisation"] == 1.0  # with one slot per 16 refilled at once, never an empty slot
+
+
+def test_fused_weights_follow_in_place_writes(llama):
+    """The sampler refreshes weights with copy_(); the fused matrices are views, so they see it."""
+    lean = LeanDecoder.for_model(llama)
+    assert LeanDecoder.for_model(llama) is lean  # built once per model
+    with torch.no_grad():
+        for layer in llama.model.layers:
+            layer.self_attn.k_proj.weight.mul_(1.5)
+            layer.mlp.up_proj.weight.add_(0.01)
+    a = lean_generate(llama, PROMPTS, 2, Sampling(6, 1.0), [1], 0, torch.Generator().manual_seed(0))[0]
+    b = reference_generate(llama, PROMPTS, 2, Sampling(6, 1.0), [1], 0, torch.Generator().manual_seed(0))
+    assert torch.equal(a.tokens, b.tokens)
+    torch.testing.assert_close(a.behav_logp, b.behav_logp, atol=1e-5, rtol=0)
+
+
+def test_only_frozen_llama_shaped_models_take_the_lean_path(tiny_model_dir, llama):
+    trainable = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    assert not LeanDecoder.supports(trainable)  # the policy itself is never rewired
+    comp, stats = lean_generate(trainable, PROMPTS, 2, Sampling(5, 0.0), [1], 0)  # the reference loop instead
+    assert comp.tokens.shape[0] == 6 and stats == {}
+
+
+def test_storage_grows_with_the_longest_live_row_not_the_budget(llama):
+    """Budget 8,192 with rows that end early: the key/value capacity stays near prompt + longest row."""
+    eos = list(range(40, 105))  # most of the vocabulary ends a row: completions of a few tokens
+    comp, stats = lean_generate(llama, PROMPTS, 4, Sampling(8192, 1.0), eos, 0, torch.Generator().manual_seed(1), slots=4)
+    longest = max(len(p) for p in PROMPTS) + int(comp.lengths.max())
+    assert comp.lengths.max() < 20 and bool((~comp.truncated).all())
+    assert stats["generate/kv_capacity"] <= max(CHUNK, longest + CHUNK)  # never the 8,192-token budget
+    assert stats["generate/kv_capacity"] >= longest
+
+
+def test_finished_slots_are_refilled_from_the_queue(llama):
+    """12 requests through 3 slots: each slot starts a new request when its row ends, so the call takes far
+    fewer steps than batches of 3 running to their longest row, and slots stay full while requests wait."""
+    eos = list(range(60, 105))
+    sampling = Sampling(30, 1.0)
+    refill = lean_generate(llama, PROMPTS, 6, sampling, eos, 0, torch.Generator().manual_seed(2), slots=3)
+    whole = lean_generate(llama, PROMPTS, 6, sampling, eos, 0, torch.Generator().manual_seed(2), slots=0)
+    comp, stats = refill
+    assert torch.equal(comp.tokens, whole[0].tokens)  # the same samples however they were scheduled
+    lengths = comp.lengths.tolist()
+    static_steps = sum(max(lengths[i : i + 3]) for i in range(0, 12, 3))  # batches of 3 that wait for their longest
+    assert stats["generate/decode_steps"] < static_steps
+    assert stats["generate/slot_utilisation"] == 1.0
+
+
+def test_live_rows_move_into_the_lowest_slots_once_the_queue_is_dry(llama):
+    """After compaction the decode steps run over fewer slots; the result is unchanged."""
+    dec = LeanDecoder.for_model(llama)
+    calls: list[int] = []
+    step = dec.step
+
+    def counted(tokens, live):
+        calls.append(tokens.shape[0])
+        return step(tokens, live)
+
+    dec.step = counted
+    try:
+        eos = list(range(60, 105))
+        comp, _ = lean_generate(llama, PROMPTS, 8, Sampling(40, 1.0), eos, 0, torch.Generator().manual_seed(4), slots=16)
+    finally:
+        del dec.step
+    assert calls[0] == 16 and min(calls) < 16  # later steps ran over the packed live rows only
+    ref = reference_generate(llama, PROMPTS, 8, Sampling(40, 1.0), eos, 0, torch.Generator().manual_seed(4))
+    assert torch.equal(comp.tokens, ref.tokens)

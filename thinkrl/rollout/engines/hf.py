@@ -1,0 +1,117 @@
+"""The transformers engine: transformers' own continuous batching (`generate_batch`) with a paged KV cache.
+
+The sampling copy of the policy (merged LoRA, precision, staleness: thinkrl/rollout/policy_copy.py) is what
+decodes. Requests join and leave the batch at every step, and the cache is a pool of pages sized in tokens
+(`kv_tokens`, not the budget), so its memory follows live tokens; when the pool is full, transformers'
+scheduler waits for pages to free up. On CUDA it uses flash or SDPA attention (and CUDA graphs where
+transformers enables them); on the CPU, SDPA.
+
+behav_logp: transformers returns log softmax of the processed scores (temperature, then top-k and top-p
+with -inf outside the kept set; greedy: the raw scores), the same distribution thinkrl/rollout/sampling.py
+draws from; tests/test_engines.py checks it against the trainer's recomputed log-probs. The top-K and
+entropy records, when a method needs them from the sampler, come from one extra scoring pass of the same
+model over the sampled completions. transformers' continuous batching drops the min-new-tokens processor,
+so rollout.min_new_tokens > 0 is refused here.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import torch
+
+from thinkrl.errors import UserError
+from thinkrl.learner.logprobs import visit_distributions
+from thinkrl.rollout.completions import Completions, Sampling
+from thinkrl.rollout.engines import Engine
+from thinkrl.rollout.sampling import processed_logp
+
+PAGE = 64  # tokens per cache page
+
+
+class TransformersEngine(Engine):
+    name = "transformers"
+
+    def generate(self, model, prompts, group_size, sampling, eos_ids, pad_id, generator=None, record_topk=0, record_entropy=False):
+        from transformers.generation import ContinuousBatchingConfig, GenerationConfig
+
+        if sampling.min_new_tokens:
+            raise UserError(
+                "rollout.min_new_tokens is not supported by rollout.engine=transformers (its continuous batching drops "
+                "that processor); use rollout.engine=lean or vllm"
+            )
+        greedy = sampling.temperature == 0
+        config = GenerationConfig(
+            max_new_tokens=sampling.max_new_tokens,
+            do_sample=not greedy,
+            temperature=None if greedy else sampling.temperature,
+            top_p=None if greedy or sampling.top_p >= 1 else sampling.top_p,
+            top_k=None if greedy or not sampling.top_k else sampling.top_k,
+            eos_token_id=list(eos_ids),
+            pad_token_id=pad_id,
+        )
+        inputs = [p for p in prompts for _ in range(group_size)]
+        longest = max(len(p) for p in prompts) + sampling.max_new_tokens
+        kv_tokens = int(self.options.get("kv_tokens") or self.slots * min(longest, 1024))
+        seed = int(torch.randint(0, 2**31 - 1, (1,), generator=generator).item()) if generator is not None else None
+        cb = ContinuousBatchingConfig(
+            return_logprobs=True,
+            page_size=PAGE,
+            num_blocks=max(math.ceil(kv_tokens / PAGE), math.ceil(longest / PAGE)),
+            max_requests_per_batch=self.slots,
+            max_batch_tokens=max(self.slots, 256),
+            seed=seed,
+        )
+        quiet = logging.getLogger("transformers.generation.continuous_batching")
+        level = quiet.level
+        quiet.setLevel(logging.ERROR)  # per-request warnings ("useless token") would flood the console
+        try:
+            results = list(model.generate_batch(inputs, config, continuous_batching_config=cb, progress_bar=False).values())
+        finally:
+            quiet.setLevel(level)
+        if len(results) != len(inputs) or any(r.error for r in results):
+            failed = next((r.error for r in results if r.error), "missing results")
+            raise RuntimeError(f"transformers continuous batching failed: {failed}")
+        comp = _completions(results, eos_ids, pad_id, next(model.parameters()).device)
+        if record_topk or record_entropy:
+            _record(model, inputs, comp, sampling, pad_id, record_topk, record_entropy)
+        self.stats = {}
+        return comp
+
+
+def _completions(results, eos_ids: list[int], pad_id: int, device) -> Completions:
+    R, T = len(results), max((len(r.generated_tokens) for r in results), default=0)
+    tokens = torch.full((R, T), pad_id, dtype=torch.long)
+    behav = torch.zeros((R, T), dtype=torch.float32)
+    lengths = torch.tensor([len(r.generated_tokens) for r in results], dtype=torch.long)
+    ended = torch.tensor([bool(r.generated_tokens) and r.generated_tokens[-1] in eos_ids for r in results])
+    for i, r in enumerate(results):
+        n = len(r.generated_tokens)
+        tokens[i, :n] = torch.tensor(r.generated_tokens, dtype=torch.long)
+        behav[i, :n] = torch.tensor(r.logprobs[:n], dtype=torch.float32)
+    mask = torch.arange(T)[None] < lengths[:, None]
+    return Completions(tokens.to(device), behav.to(device), mask.to(device), lengths.to(device), (~ended).to(device))
+
+
+@torch.no_grad()
+def _record(model, prompts: list[list[int]], comp: Completions, sampling: Sampling, pad_id: int, topk: int, entropy: bool) -> None:
+    """Top-K and entropy of the processed distribution at every sampled position, from one scoring pass."""
+    B, T = comp.tokens.shape
+    where = comp.mask.nonzero(as_tuple=True)  # row-major, as visit_distributions walks them
+    if topk:
+        comp.topk_ids = torch.zeros((B, T, topk), dtype=torch.long, device=comp.tokens.device)
+        comp.topk_logp = torch.zeros((B, T, topk), device=comp.tokens.device)
+    if entropy:
+        comp.entropy = torch.zeros((B, T), device=comp.tokens.device)
+
+    def visit(logits: torch.Tensor, start: int) -> None:
+        dist = processed_logp(logits, sampling)  # (n, V)
+        at = (where[0][start : start + len(dist)], where[1][start : start + len(dist)])
+        if topk:
+            top = dist.topk(topk, dim=-1)
+            comp.topk_ids[at], comp.topk_logp[at] = top.indices, top.values.clamp(min=-1e4)
+        if entropy:
+            comp.entropy[at] = -torch.where(dist > -torch.inf, dist.exp() * dist, 0.0).sum(-1)
+
+    visit_distributions(model, prompts, comp.tokens, comp.mask, pad_id, 1.0, visit, raw=True)
