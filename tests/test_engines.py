@@ -115,6 +115,15 @@ def test_eos_ends_rows_and_the_budget_truncates_them(engine, model):
 
 
 @pytest.mark.parametrize("engine", ENGINES, indirect=True)
+def test_each_completion_ends_at_its_own_budget(engine, model):
+    """Per-completion budgets (Thinking-Seeds continuations, eval prompts near the context limit); with no
+    end-of-sequence id every completion runs to exactly its budget."""
+    budgets = [1, 5, 9, 2, 7, 3, 9, 4, 6]
+    comp = engine.generate(model, PROMPTS, G, Sampling(9, 1.0), [], 0, torch.Generator().manual_seed(0), budgets=budgets)
+    assert comp.lengths.tolist() == budgets and bool(comp.truncated.all())
+
+
+@pytest.mark.parametrize("engine", ENGINES, indirect=True)
 def test_min_new_tokens_suppresses_an_early_end(engine, model):
     ends = list(range(40, 105))  # most of the vocabulary ends a row
     sampling = Sampling(12, 1.0, min_new_tokens=6)

@@ -134,6 +134,23 @@ def test_context_window_clips_the_budget_with_a_warning(tiny_model_dir, aime_lik
     assert summary["settings"]["clipped_prompts"] == 1 and summary["settings"]["context_window"] == 512
 
 
+def test_only_the_prompt_that_needs_it_is_clipped_and_one_past_the_context_is_skipped(tiny_model_dir, tmp_path):
+    """The tiny model's context is 512 tokens (one per character here): a 488-token prompt gets the 24 that are
+    left, the short ones their whole budget, and a 600-token prompt is skipped and counted, not fatal."""
+    data = tmp_path / "mixed.jsonl"
+    rows = [{"id": "short", "problem": "1 + 1?", "answer": "2"}, {"id": "long", "problem": "9" * 470, "answer": "9"}]
+    rows.append({"id": "huge", "problem": "8" * 600, "answer": "8"})
+    data.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    out = tmp_path / "out"
+    invoke("--model", str(tiny_model_dir), "--dataset", str(data), "--max-new-tokens", "40", "--output", str(out), "--template", "plain", "--system", "none")
+    samples = {r["id"]: r for r in read_jsonl(out / "samples.jsonl")}
+    summary = json.loads((out / "summary.json").read_text())
+    assert set(samples) == {"short", "long"} and summary["skipped"] == {"prompt fills the context": 1}
+    assert summary["settings"]["clipped_prompts"] == 1
+    assert samples["long"]["length"] < 40 and samples["long"]["truncated"]  # its own room only
+    assert samples["short"]["length"] == 40 or not samples["short"]["truncated"]  # the whole budget
+
+
 def test_local_alias_copies_via_thinkrl_data_dir(tiny_model_dir, tmp_path, monkeypatch):
     (tmp_path / "aime24.jsonl").write_text(json.dumps({"id": "x", "problem": "What is 1 + 1?", "answer": "2"}) + "\n")
     monkeypatch.setenv("THINKRL_DATA_DIR", str(tmp_path))

@@ -68,8 +68,13 @@ def eval_dataset(model, tok, s: EvalSettings, data_cfg: DataConfig, out_dir: Pat
     (out_dir / "settings.json").write_text(json.dumps(settings, indent=2))
     log = JsonlLog(out_dir / "samples.jsonl")
     done = {(r["id"], r["sample"]) for r in read_jsonl(log.path)} if log.path.exists() else set()
-    todo = [p for p in sorted(prompts, key=lambda p: len(p.ids)) if any((p.id, k) not in done for k in range(s.n))]
     context = getattr(model.config, "max_position_embeddings", None) or 10**9
+    too_long = [p for p in prompts if len(p.ids) >= context]  # no room for a single new token: skipped, counted
+    if too_long:
+        loaded.skipped["prompt fills the context"] = len(too_long)
+        console.print(f"[yellow]warning: {s.dataset}: {len(too_long)} prompts fill the model's {context}-token context; skipped[/]")
+        prompts = [p for p in prompts if len(p.ids) < context]
+    todo = [p for p in sorted(prompts, key=lambda p: len(p.ids)) if any((p.id, k) not in done for k in range(s.n))]
     eos = eos_ids(model, tok)
     # a call decodes CHUNK_SLOTS x the engine's slots of requests (its slots refill within a call); written per call
     per_batch, clipped, new_tokens, correct, graded = max(1, CHUNK_SLOTS * s.batch_size // s.n), 0, 0, 0, 0
@@ -78,16 +83,12 @@ def eval_dataset(model, tok, s: EvalSettings, data_cfg: DataConfig, out_dir: Pat
         task = bar.add_task(s.dataset, total=len(todo) * s.n, info="")
         for b in range(0, len(todo), per_batch):
             chunk = todo[b : b + per_batch]
-            budget = min(s.max_new_tokens, context - max(len(p.ids) for p in chunk))
-            if budget < s.max_new_tokens:
-                clipped += len(chunk)
-            if budget < 1:
-                raise UserError(
-                    f"{s.dataset}: a prompt of {max(len(p.ids) for p in chunk)} tokens fills the model's {context}-token context"
-                )
+            own = [min(s.max_new_tokens, context - len(p.ids)) for p in chunk]  # only a prompt that needs it is clipped
+            clipped += sum(n < s.max_new_tokens for n in own)
             gen = torch.Generator(device=model.device).manual_seed(s.seed * 1_000_003 + b)
-            sampling = Sampling(budget, s.temperature, s.top_p)
-            comp = engine.generate(model, [p.ids for p in chunk], s.n, sampling, eos, tok.pad_token_id, gen)
+            sampling = Sampling(max(own), s.temperature, s.top_p)
+            budgets = [n for n in own for _ in range(s.n)]
+            comp = engine.generate(model, [p.ids for p in chunk], s.n, sampling, eos, tok.pad_token_id, gen, budgets=budgets)
             texts = tok.batch_decode([row[m].tolist() for row, m in zip(comp.tokens, comp.mask)], skip_special_tokens=True)
             scores, extracted, _ = pool.grade(texts, [p.answer for p in chunk for _ in range(s.n)])
             records = []
@@ -114,7 +115,7 @@ def eval_dataset(model, tok, s: EvalSettings, data_cfg: DataConfig, out_dir: Pat
     if clipped:
         console.print(
             f"[yellow]warning: {s.dataset}: max_new_tokens={s.max_new_tokens} did not fit the {context}-token context "
-            f"for {clipped} prompts; their budget was clipped to context minus prompt length[/]"
+            f"for {clipped} prompts; each one's budget was clipped to the context minus its own length[/]"
         )
     ids = {p.id for p in prompts}
     rows = [r for r in read_jsonl(log.path) if r["id"] in ids]

@@ -159,10 +159,11 @@ def seeded_generate(
         for j, (r, L) in enumerate(zip(rows, _prefix_lengths(hist, cfg, T, gen, tok))):
             prefixes[r] = (hist.tokens[j, :L].tolist(), hist.behav_logp[j, :L].tolist())
     model = sampler.restore()
-    # the current policy continues every seeded row; rows get their own budget T - L below
+    # the current policy continues every seeded row, each within its own budget T - L
     short = min(len(p[0]) for p in prefixes)
     cont_sampling = Sampling(T - short, sampling.temperature, sampling.top_p, sampling.top_k)
-    cont = engine.generate(model, [prompts[rows_prompt[r]] + prefixes[r][0] for r in range(P * S)], 1, cont_sampling, eos, pad, gen)
+    starts, budgets = [prompts[rows_prompt[r]] + prefixes[r][0] for r in range(P * S)], [T - len(p[0]) for p in prefixes]
+    cont = engine.generate(model, starts, 1, cont_sampling, eos, pad, gen, budgets=budgets)
     seeded = _join(prefixes, cont, T, pad, device)
     seed_step = torch.tensor([candidates[c].step if prefixes[r][0] else -1 for r, c in enumerate(pick)], device=device)
     seeded.seed_step = seed_step

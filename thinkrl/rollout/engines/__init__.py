@@ -47,7 +47,10 @@ class Engine:
         generator: torch.Generator | None = None,
         record_topk: int = 0,
         record_entropy: bool = False,
+        budgets: list[int] | None = None,
     ) -> Completions:
+        """`group_size` consecutive completions per prompt; budgets (one per completion, at most
+        sampling.max_new_tokens) end each one at its own length."""
         raise NotImplementedError
 
     def close(self) -> None:
@@ -57,12 +60,12 @@ class Engine:
 class LeanEngine(Engine):
     name = "lean"
 
-    def generate(self, model, prompts, group_size, sampling, eos_ids, pad_id, generator=None, record_topk=0, record_entropy=False):
+    def generate(self, model, prompts, group_size, sampling, eos_ids, pad_id, generator=None, record_topk=0, record_entropy=False,
+                 budgets=None):  # fmt: skip
         from thinkrl.rollout.engines.lean import lean_generate
 
-        comp, self.stats = lean_generate(
-            model, prompts, group_size, sampling, eos_ids, pad_id, generator, record_topk, record_entropy, self.slots
-        )
+        args = (record_topk, record_entropy, self.slots, budgets)
+        comp, self.stats = lean_generate(model, prompts, group_size, sampling, eos_ids, pad_id, generator, *args)
         return comp
 
 

@@ -1,10 +1,12 @@
-"""The transformers engine: transformers' own continuous batching (`generate_batch`) with a paged KV cache.
+"""The transformers engine: transformers' own continuous batching (its manager, as `generate_batch` uses it) with a
+paged KV cache.
 
 The sampling copy of the policy (merged LoRA, precision, staleness: thinkrl/rollout/policy_copy.py) is what
-decodes. Requests join and leave the batch at every step, and the cache is a pool of pages sized in tokens
-(`kv_tokens`, not the budget), so its memory follows live tokens; when the pool is full, transformers'
-scheduler waits for pages to free up. On CUDA it uses flash or SDPA attention (and CUDA graphs where
-transformers enables them); on the CPU, SDPA.
+decodes. Requests join and leave the batch at every step, each with its own budget. The key/value cache is a
+pool of pages sized in tokens, not by the budget: by default slots x (longest prompt + 256), so its memory
+does not grow with rollout.max_new_tokens; when long completions fill it, transformers' scheduler runs fewer
+of them at once (raise `kv_tokens` for long budgets). On CUDA it uses flash or SDPA attention (and CUDA
+graphs where transformers enables them); on the CPU, SDPA.
 
 behav_logp: transformers returns log softmax of the processed scores (temperature, then top-k and top-p
 with -inf outside the kept set; greedy: the raw scores), the same distribution thinkrl/rollout/sampling.py
@@ -28,33 +30,26 @@ from thinkrl.rollout.engines import Engine
 from thinkrl.rollout.sampling import processed_logp
 
 PAGE = 64  # tokens per cache page
+KV_MARGIN = 256  # the default pool: slots x (longest prompt + this many tokens), whatever the budget
 
 
 class TransformersEngine(Engine):
     name = "transformers"
 
-    def generate(self, model, prompts, group_size, sampling, eos_ids, pad_id, generator=None, record_topk=0, record_entropy=False):
-        from transformers.generation import ContinuousBatchingConfig, GenerationConfig
+    def generate(self, model, prompts, group_size, sampling, eos_ids, pad_id, generator=None, record_topk=0, record_entropy=False,
+                 budgets=None):  # fmt: skip
+        from transformers.generation import ContinuousBatchingConfig
 
         if sampling.min_new_tokens:
             raise UserError(
                 "rollout.min_new_tokens is not supported by rollout.engine=transformers (its continuous batching drops "
                 "that processor); use rollout.engine=lean or vllm"
             )
-        greedy = sampling.temperature == 0
-        config = GenerationConfig(
-            max_new_tokens=sampling.max_new_tokens,
-            do_sample=not greedy,
-            temperature=None if greedy else sampling.temperature,
-            top_p=None if greedy or sampling.top_p >= 1 else sampling.top_p,
-            top_k=None if greedy or not sampling.top_k else sampling.top_k,
-            eos_token_id=list(eos_ids),
-            pad_token_id=pad_id,
-        )
         inputs = [p for p in prompts for _ in range(group_size)]
-        longest = max(len(p) for p in prompts) + sampling.max_new_tokens
-        kv_tokens = int(self.options.get("kv_tokens") or self.slots * min(longest, 1024))
-        seed = int(torch.randint(0, 2**31 - 1, (1,), generator=generator).item()) if generator is not None else None
+        limits = [min(b, sampling.max_new_tokens) for b in budgets] if budgets else [sampling.max_new_tokens] * len(inputs)
+        longest = max(len(p) for p in prompts) + max(limits)
+        kv_tokens = int(self.options.get("kv_tokens") or self.slots * (max(len(p) for p in prompts) + KV_MARGIN))
+        seed = int(torch.randint(0, 2**31 - 1, (1,), generator=generator).item())
         cb = ContinuousBatchingConfig(
             return_logprobs=True,
             page_size=PAGE,
@@ -67,17 +62,46 @@ class TransformersEngine(Engine):
         level = quiet.level
         quiet.setLevel(logging.ERROR)  # per-request warnings ("useless token") would flood the console
         try:
-            results = list(model.generate_batch(inputs, config, continuous_batching_config=cb, progress_bar=False).values())
+            results = _run(model, _config(sampling, pad_id), cb, inputs, limits, list(eos_ids) or [-1])
         finally:
             quiet.setLevel(level)
-        if len(results) != len(inputs) or any(r.error for r in results):
-            failed = next((r.error for r in results if r.error), "missing results")
-            raise RuntimeError(f"transformers continuous batching failed: {failed}")
         comp = _completions(results, eos_ids, pad_id, next(model.parameters()).device)
         if record_topk or record_entropy:
             _record(model, inputs, comp, sampling, pad_id, record_topk, record_entropy)
         self.stats = {}
         return comp
+
+
+def _config(sampling: Sampling, pad_id: int):
+    from transformers.generation import GenerationConfig
+
+    greedy = sampling.temperature == 0
+    return GenerationConfig(
+        max_new_tokens=sampling.max_new_tokens,
+        do_sample=not greedy,
+        temperature=None if greedy else sampling.temperature,
+        top_p=None if greedy or sampling.top_p >= 1 else sampling.top_p,
+        top_k=None if greedy or not sampling.top_k else sampling.top_k,
+        pad_token_id=pad_id,
+    )
+
+
+def _run(model, config, cb, inputs: list[list[int]], limits: list[int], eos: list[int]) -> list:
+    """Every request through transformers' continuous-batching manager (each with its own budget); the
+    finished outputs in request order."""
+    with model.continuous_batching_context_manager(generation_config=config, continuous_batching_config=cb, block=True, timeout=5) as m:
+        ids = [m.add_request(input_ids=x, max_new_tokens=n, eos_token_id=eos) for x, n in zip(inputs, limits)]
+        done: dict = {}
+        while len(done) < len(ids):
+            result = m.get_result(timeout=1)
+            if result is not None and result.is_finished():
+                done[result.request_id] = result
+            elif result is None and not m.is_running():
+                raise RuntimeError("transformers continuous batching stopped before every request finished")
+    failed = next((r.error for r in done.values() if r.error), None)
+    if failed:
+        raise RuntimeError(f"transformers continuous batching failed: {failed}")
+    return [done[i] for i in ids]
 
 
 def _completions(results, eos_ids: list[int], pad_id: int, device) -> Completions:

@@ -41,6 +41,7 @@ def lean_generate(
     record_topk: int = 0,
     record_entropy: bool = False,
     slots: int = 0,
+    budgets: list[int] | None = None,
 ) -> tuple[Completions, dict[str, float]]:
     """`group_size` consecutive completions per prompt, decoded `slots` at a time (0 = all at once), and the
     call's statistics: generate/slot_utilisation, the mean share of slots live on steps taken while
@@ -52,27 +53,30 @@ def lean_generate(
         parts = []
         per = max(1, S // group_size)  # whole groups per batch
         for i in range(0, len(prompts), per):
-            batch = prompts[i : i + per]
-            parts.append(reference_generate(model, batch, group_size, sampling, eos_ids, pad_id, generator, record_topk, record_entropy))
+            batch, rows = prompts[i : i + per], slice(i * group_size, (i + per) * group_size)
+            own = budgets[rows] if budgets is not None else None
+            args = (generator, record_topk, record_entropy, own)
+            parts.append(reference_generate(model, batch, group_size, sampling, eos_ids, pad_id, *args))
         return Completions.cat(parts, pad_id), {}
     dec = LeanDecoder.for_model(model)
     device = dec.lengths.device if dec.lengths.numel() else next(model.parameters()).device
     dec.reset(S)
     rec = Recorder(R, pad_id, device, record_topk, record_entropy)
+    limit = torch.tensor(budgets or [sampling.max_new_tokens] * R, device=device).clamp(max=sampling.max_new_tokens)  # (R,)
     try:
-        return _run(dec, prompts, group_size, sampling, eos_ids, pad_id, generator, rec)
+        return _run(dec, prompts, group_size, sampling, eos_ids, pad_id, generator, rec, limit)
     finally:
         dec.release()  # the storage is freed before the caller's next phase
 
 
-def _run(dec: LeanDecoder, prompts, G: int, sampling: Sampling, eos_ids, pad_id: int, generator, rec: Recorder):
+def _run(dec: LeanDecoder, prompts, G: int, sampling: Sampling, eos_ids, pad_id: int, generator, rec: Recorder, limit: Tensor):
     device, S = rec.device, len(dec.lengths)
     queue = deque(range(len(prompts) * G))  # request r answers prompt r // G
     slot_req = torch.full((S,), -1, dtype=torch.long, device=device)  # the request each slot decodes
     tokens = torch.full((S,), pad_id, dtype=torch.long, device=device)  # each slot's next input token
     live = torch.zeros(S, dtype=torch.bool, device=device)
     made = torch.zeros(S, dtype=torch.long, device=device)  # tokens each slot's request has generated
-    eos = torch.tensor(eos_ids, device=device)
+    eos = torch.tensor(eos_ids, dtype=torch.long, device=device)
     refill_at = max(1, S // 16)
     seed = request_seed(generator)
     active = S  # steps run over slots [0, active)
@@ -112,7 +116,7 @@ def _run(dec: LeanDecoder, prompts, G: int, sampling: Sampling, eos_ids, pad_id:
         ended = torch.isin(tok, eos)  # (b,)
         rec.finish(req[ended])
         tokens[idx] = tok
-        done = ended | (made[idx] >= sampling.max_new_tokens)
+        done = ended | (made[idx] >= limit[req])
         if bool(done.any()):
             gone = idx[done]
             live[gone] = False

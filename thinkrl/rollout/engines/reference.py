@@ -26,8 +26,10 @@ def reference_generate(
     generator: torch.Generator | None = None,
     record_topk: int = 0,
     record_entropy: bool = False,
+    budgets: list[int] | None = None,
 ) -> Completions:
-    """`group_size` consecutive completions per prompt (rows p*G .. p*G+G-1 answer prompts[p])."""
+    """`group_size` consecutive completions per prompt (rows p*G .. p*G+G-1 answer prompts[p]); budgets: one
+    per row, at most sampling.max_new_tokens."""
     from transformers import DynamicCache
 
     device = next(model.parameters()).device
@@ -45,16 +47,18 @@ def reference_generate(
     B = len(prompts) * group_size
     rec = Recorder(B, pad_id, device, record_topk, record_entropy)
     seed = request_seed(generator)
-    eos = torch.tensor(eos_ids, device=device)
+    eos = torch.tensor(eos_ids, dtype=torch.long, device=device)
+    limit = torch.tensor(budgets or [sampling.max_new_tokens] * B, device=device).clamp(max=sampling.max_new_tokens)  # (B,)
     rows = torch.arange(B, device=device)  # which requests are still in the decode batch
-    for t in range(sampling.max_new_tokens):
+    for t in range(int(limit.max())):
         if t < sampling.min_new_tokens:  # fixed-length benchmarks: no end before min_new_tokens
             logits = logits.index_fill(-1, eos, float("-inf"))
         tok, lp, dist = draw(logits, sampling, uniforms(seed, rows, torch.full_like(rows, t)))  # (b,), (b,), (b, V)
         rec.add(rows, tok, lp, dist)
-        done = torch.isin(tok, eos)
-        rec.finish(rows[done])
-        if t == sampling.max_new_tokens - 1 or bool(done.all()):
+        ended = torch.isin(tok, eos)
+        rec.finish(rows[ended])
+        done = ended | (limit[rows] <= t + 1)
+        if bool(done.all()):
             break
         if bool(done.any()):  # finished rows leave the batch
             keep = (~done).nonzero().squeeze(-1)

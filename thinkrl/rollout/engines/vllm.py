@@ -79,7 +79,8 @@ class VLLMEngine(Engine):
         self.llm.reset_prefix_cache()  # cached prefixes were computed with the old weights
         self._pushed = key
 
-    def generate(self, model, prompts, group_size, sampling, eos_ids, pad_id, generator=None, record_topk=0, record_entropy=False):
+    def generate(self, model, prompts, group_size, sampling, eos_ids, pad_id, generator=None, record_topk=0, record_entropy=False,
+                 budgets=None):  # fmt: skip
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
@@ -94,8 +95,10 @@ class VLLMEngine(Engine):
             self.llm.wake_up()
             self._asleep = False
         self._push(model)
-        seeds = torch.randint(0, 2**31 - 1, (len(prompts) * group_size,), generator=generator).tolist()
-        params = [_params(SamplingParams, sampling, eos_ids, seed, record_topk) for seed in seeds]
+        R = len(prompts) * group_size
+        seeds = torch.randint(0, 2**31 - 1, (R,), generator=generator).tolist()
+        limits = [min(b, sampling.max_new_tokens) for b in budgets] if budgets else [sampling.max_new_tokens] * R
+        params = [_params(SamplingParams, sampling, eos_ids, seed, record_topk, n) for seed, n in zip(seeds, limits)]
         requests = [TokensPrompt(prompt_token_ids=p) for p in prompts for _ in range(group_size)]
         outputs = self.llm.generate(requests, params, use_tqdm=False)
         comp = _completions([o.outputs[0] for o in outputs], eos_ids, pad_id, record_topk, next(model.parameters()).device)
@@ -118,10 +121,11 @@ class VLLMEngine(Engine):
         gc.collect()
 
 
-def _params(SamplingParams, s: Sampling, eos_ids: list[int], seed: int, topk: int):
+def _params(SamplingParams, s: Sampling, eos_ids: list[int], seed: int, topk: int, budget: int):
     greedy = s.temperature == 0
     return SamplingParams(
-        max_tokens=s.max_new_tokens,
+        max_tokens=budget,
+        ignore_eos=not eos_ids,  # no end ids given: every completion runs to its budget
         min_tokens=s.min_new_tokens,
         temperature=0.0 if greedy else s.temperature,
         top_p=1.0 if greedy else s.top_p,
