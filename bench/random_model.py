@@ -12,6 +12,7 @@ decode to nothing, for both trainers alike.
 
 from __future__ import annotations
 
+import os
 import tempfile
 from pathlib import Path
 
@@ -42,7 +43,8 @@ def model_dir(name: str) -> str:
 
     from thinkrl.models import load_tokenizer, resolve_path
 
-    tok = load_tokenizer(resolve_path("smollm2-135m"))
+    # THINKRL_TOKENIZER_DIR: the SmolLM2 tokenizer files alone (bench/gpu.sh carries them; the GGUF does not fit)
+    tok = load_tokenizer(os.environ.get("THINKRL_TOKENIZER_DIR") or resolve_path("smollm2-135m"))
     config = Qwen2Config(**SHAPE, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     torch.manual_seed(0)

@@ -142,7 +142,20 @@ def test_only_the_prompt_that_needs_it_is_clipped_and_one_past_the_context_is_sk
     rows.append({"id": "huge", "problem": "8" * 600, "answer": "8"})
     data.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     out = tmp_path / "out"
-    invoke("--model", str(tiny_model_dir), "--dataset", str(data), "--max-new-tokens", "40", "--output", str(out), "--template", "plain", "--system", "none")
+    invoke(
+        "--model",
+        str(tiny_model_dir),
+        "--dataset",
+        str(data),
+        "--max-new-tokens",
+        "40",
+        "--output",
+        str(out),
+        "--template",
+        "plain",
+        "--system",
+        "none",
+    )
     samples = {r["id"]: r for r in read_jsonl(out / "samples.jsonl")}
     summary = json.loads((out / "summary.json").read_text())
     assert set(samples) == {"short", "long"} and summary["skipped"] == {"prompt fills the context": 1}

@@ -130,3 +130,17 @@ def test_live_rows_move_into_the_lowest_slots_once_the_queue_is_dry(llama):
     assert calls[0] == 16 and min(calls) < 16  # later steps ran over the packed live rows only
     ref = reference_generate(llama, PROMPTS, 8, Sampling(40, 1.0), eos, 0, torch.Generator().manual_seed(4))
     assert torch.equal(comp.tokens, ref.tokens)
+
+
+def test_the_last_long_rows_do_not_grow_storage_for_every_slot(llama):
+    """Seven short completions and one of 200 tokens in 8 slots: once the short ones end, the long row is
+    packed into storage of its own, so the storage never holds 8 slots x 200 positions."""
+    budgets = [4, 4, 4, 4, 4, 4, 4, 200]
+    comp, stats = lean_generate(
+        llama, PROMPTS[:1], 8, Sampling(200, 1.0), [], 0, torch.Generator().manual_seed(0), slots=8, budgets=budgets
+    )
+    assert comp.lengths.tolist() == budgets
+    c = llama.config
+    per_position = 2 * c.num_hidden_layers * c.num_key_value_heads * (c.hidden_size // c.num_attention_heads) * 4  # fp32 K and V
+    every_slot = 8 * stats["generate/kv_capacity"] * per_position
+    assert stats["generate/kv_capacity"] >= 200 and stats["generate/kv_mb"] * 2**20 < every_slot / 2

@@ -6,13 +6,14 @@ queue runs dry: with reasoning-length spreads (hundreds to tens of thousands of 
 runs at the pace of its longest row with most slots empty. Refills wait until a sixteenth of the slots is
 free (or nothing else is live), so one prefill pass serves several requests; the completions of one prompt
 that start together share that pass. Once the queue is dry and at most half the active slots are live, the
-live rows move down into the lowest slots (copying only their own keys and values) and later steps run
-over those slots alone.
+live rows move down into the lowest slots (copying only their own keys and values, into storage for them
+alone) and later steps run over those slots alone.
 
 Each step draws one token per live row through thinkrl/rollout/sampling.py, so behav_logp is the log-prob
 under the tempered and truncated distribution, as with every engine; a request's random draws depend only
-on (the call's seed, request, position), so the number of slots and the refill order change nothing. A model the lean decoder does not
-cover is decoded by the reference loop (reference.py) in batches of `slots` rows.
+on (the call's seed, request, position), so the number of slots and the refill order change nothing. A
+model the lean decoder does not cover is decoded by the reference loop (reference.py) in batches of `slots`
+rows. Memory: the storage holds the active slots x the longest live row (see lean_decoder.py).
 """
 
 from __future__ import annotations
@@ -132,14 +133,14 @@ def _run(dec: LeanDecoder, prompts, G: int, sampling: Sampling, eos_ids, pad_id:
 
 
 def _compact(dec: LeanDecoder, live: Tensor, active: int, *per_slot: Tensor) -> int:
-    """With the queue dry and at most half of [0, active) live, move the live rows into the lowest slots
-    (their keys, values and per-slot state) and return the new active count."""
+    """With the queue dry and at most half of [0, active) live, pack the live rows into the lowest slots (their
+    keys, values and per-slot state; the decoder's storage shrinks to them) and return the new active count."""
     n = int(live[:active].sum())
     if n == 0 or n > active // 2:
         return active
     src = live[:active].nonzero().squeeze(-1)  # (n,)
     dst = torch.arange(n, device=src.device)
-    dec.move(src, dst)
+    dec.compact(src)
     for t in per_slot:
         t[dst] = t[src]
     live[:active] = False

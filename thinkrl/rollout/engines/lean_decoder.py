@@ -9,7 +9,8 @@ Key/value storage is per slot: S slots, each holding one sequence from position 
 (S, Hk, C, D) tensor per layer and per key/value. The capacity C grows in chunks as the longest live
 sequence grows (never the whole budget up front), so memory follows the longest live row, not the budget.
 A finished row's slot is refilled in place by `prefill` with a new sequence: nothing is copied when rows
-finish. `release()` frees the storage (before the update phase).
+finish. Once nothing waits to be refilled, `compact` packs the live rows into storage for them alone, so the
+last long rows of a batch do not grow storage for every slot. `release()` frees it (before the update phase).
 """
 
 from __future__ import annotations
@@ -96,7 +97,8 @@ class LeanDecoder:
         self.keys = [ref.new_empty((slots, self.Hk, 0, self.D)) for _ in self.layers]
         self.values = [ref.new_empty((slots, self.Hk, 0, self.D)) for _ in self.layers]
         self.lengths = torch.zeros(slots, dtype=torch.long, device=ref.device)
-        self.peak = 0  # the largest capacity this generation reached
+        self.peak = 0  # the largest capacity this generation reached, in positions
+        self.peak_bytes = 0  # and the largest storage, in bytes
 
     def release(self) -> None:
         self.keys, self.values = [], []
@@ -118,12 +120,11 @@ class LeanDecoder:
                 grown[:, :, : old.shape[2]] = old
                 store[i] = grown
         self.peak = new
+        self._measure()
 
-    @property
-    def peak_bytes(self) -> int:
-        """Bytes of key/value storage at the peak capacity."""
-        ref = self.layers[0][1]
-        return 2 * len(self.layers) * len(self.lengths) * self.Hk * self.peak * self.D * ref.element_size()
+    def _measure(self) -> None:
+        held = sum(kv.numel() * kv.element_size() for store in (self.keys, self.values) for kv in store)
+        self.peak_bytes = max(self.peak_bytes, held)
 
     def free(self, slots: Tensor) -> None:
         """These slots hold nothing any more (their storage is reused by the next prefill)."""
@@ -180,14 +181,16 @@ class LeanDecoder:
         self.lengths[slots] = torch.tensor([len(prompts[w]) for w in which.tolist()], device=device)
 
     @torch.no_grad()
-    def move(self, src: Tensor, dst: Tensor) -> None:
-        """Copy the sequences of slots src into slots dst (only their own positions), e.g. to pack live rows
-        into the lowest slots."""
-        end = int(self.lengths[src].max()) if len(src) else 0
+    def compact(self, src: Tensor) -> None:
+        """Keep only the sequences of slots src, packed into the first len(src) slots of storage sized for them
+        alone: once few rows are live, later steps and later growth cost what those rows need."""
+        n, end = len(src), int(self.lengths[src].max()) if len(src) else 0
         for store in (self.keys, self.values):
-            for kv in store:
-                kv[dst, :, :end] = kv[src, :, :end]  # the right side is gathered first: overlap is safe
-        self.lengths[dst] = self.lengths[src]
+            for i, kv in enumerate(store):
+                packed = kv.new_zeros((n, self.Hk, kv.shape[2], self.D))
+                packed[:, :, :end] = kv[src, :, :end]
+                store[i] = packed
+        self.lengths = self.lengths[src].clone()
 
     @torch.no_grad()
     def step(self, tokens: Tensor, live: Tensor) -> Tensor:
