@@ -55,7 +55,7 @@ def write(path, text: str):
 @pytest.mark.parametrize(
     "text, expected",
     [
-        ("train:\n  lr: [1,\n", ["c.yaml: malformed YAML"]),
+        ("train:\n  lr: [1,\n", ["c.yaml:3: malformed YAML"]),
         ("train:\n  lrr: 1e-4\n", ["unknown config key 'train.lrr'", "did you mean train.lr?"]),
         ("train:\n  steps: many\n", ["train.steps: expected int, got 'many'"]),
         ("rollout: 8\n", ["rollout: expected a mapping of its keys, got 8"]),

@@ -9,6 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from thinkrl.cli import app
+from thinkrl.errors import UserError
 from thinkrl.run.jsonl import read_jsonl
 
 STEP_FIELDS = {
@@ -85,9 +86,27 @@ def test_two_steps_write_the_run_directory_and_eval_reads_it(tiny_model_dir, tmp
     assert (out / "config.yaml").is_file() and (out / "checkpoints" / "step-2" / "COMPLETE").is_file()
     assert (out / "checkpoints" / "step-2" / "adapter" / "adapter_model.safetensors").is_file()
     invoke(["eval", "--model", str(out), "--limit", "5", "--max-new-tokens", "4"])
-    summary = json.loads((out / "eval" / "arith" / "summary.json").read_text())
+    summary = json.loads((out / "eval" / "step-2" / "arith" / "summary.json").read_text())  # the checkpoint's own directory
     assert summary["problems"] == 5 and "avg@1" in summary["metrics"]
-    assert len(read_jsonl(out / "eval" / "arith" / "samples.jsonl")) == 5
+    assert summary["settings"]["checkpoint_step"] == 2 and summary["settings"]["checkpoint"].endswith("step-2")
+    assert len(read_jsonl(out / "eval" / "step-2" / "arith" / "samples.jsonl")) == 5
+
+
+def test_eval_after_more_training_evaluates_the_new_checkpoint(tiny_model_dir, tmp_path):
+    """train, eval, train more, eval again: new samples of the new checkpoint, never the old ones re-served;
+    an --output holding another checkpoint's samples is refused."""
+    out, fixed = tmp_path / "run", tmp_path / "fixed-output"
+    invoke(tiny_args(tiny_model_dir, out, 2))
+    args = ["eval", "--model", str(out), "--limit", "4", "--max-new-tokens", "6", "--temperature", "1.0"]
+    invoke(args)
+    invoke([*args, "--output", str(fixed)])
+    invoke(["train", "--resume", str(out), "-o", "train.steps=4"])
+    invoke(args)
+    first = read_jsonl(out / "eval" / "step-2" / "arith" / "samples.jsonl")
+    second = read_jsonl(out / "eval" / "step-4" / "arith" / "samples.jsonl")
+    assert [r["completion"] for r in first] != [r["completion"] for r in second]
+    result = CliRunner().invoke(app, [*args, "--output", str(fixed)])
+    assert isinstance(result.exception, UserError) and "checkpoint" in str(result.exception), result.output
 
 
 def test_resume_gives_the_same_steps_as_an_uninterrupted_run(tiny_model_dir, tmp_path):

@@ -42,7 +42,7 @@ def test_lists_accept_comma_separated_values():
         ("train.steps=many", r"train.steps: expected int, got 'many'"),
         ("train.lr=fast", r"train.lr: expected float, got 'fast'"),
         ("model.dtype=fp64", r"model.dtype: 'fp64' is not one of"),
-        ("train.steps", r"must look like key=value"),
+        ("train.steps", r"-o train.steps: an override is one argument KEY=VALUE with no spaces"),
     ],
 )
 def test_bad_overrides_name_the_key(override, message):
@@ -112,3 +112,33 @@ def test_every_shipped_config_loads_and_resolves(path):
 
 def test_configs_directory_is_not_empty():
     assert CONFIGS, "configs/*.yaml missing"
+
+
+def test_ctpo_trains_in_its_papers_regime_and_an_on_policy_run_is_named():
+    """--method ctpo resolves 4 mini-batches and sequence TIS from its recipe; without the recipe the run is
+    on-policy, where ctpo's gradient is grpo's, and one line says so and what changes it."""
+    from thinkrl.config.load import on_policy_note
+
+    cfg = resolve(load_config(**{"method.name": "ctpo"}))
+    assert (cfg.train.mini_batches, cfg.correction.mode, cfg.correction.level, cfg.correction.c_max) == (4, "tis", "sequence", 5.0)
+    assert cfg.method.recipe and on_policy_note(cfg) is None
+    plain = resolve(load_config(recipe=False, **{"method.name": "ctpo"}))
+    note = on_policy_note(plain)
+    assert plain.train.mini_batches == 1 and note is not None
+    assert "ctpo" in note and "train.mini_batches" in note and "method.aggregation=token-mean" in note
+    assert on_policy_note(resolve(load_config(recipe=False, overrides=["rollout.staleness=2"], **{"method.name": "ctpo"}))) is None
+    assert on_policy_note(resolve(load_config(**{"method.name": "grpo"}))) is None  # grpo is the baseline itself
+
+
+def test_trl_and_verl_names_and_every_bad_key_in_one_message(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("rollout:\n  num_generations: 8\ntrain:\n  learning_rate: 1e-5\n  steps: many\n")
+    with pytest.raises(UserError) as e:
+        load_config(path, overrides=["rollout.max_completion_length=512", "train.gradient_accumulation_steps=4"])
+    text = str(e.value)
+    assert text.startswith("5 config errors")
+    assert "num_generations is rollout.group_size" in text and f"{path}:2" in text
+    assert "learning_rate is train.lr" in text and f"{path}:4" in text
+    assert "train.steps: expected int, got 'many'" in text and f"{path}:5" in text
+    assert "max_completion_length is rollout.max_new_tokens" in text and "(-o rollout.max_completion_length=512)" in text
+    assert "gradient_accumulation_steps" in text and "train.mini_batches" in text

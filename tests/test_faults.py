@@ -19,6 +19,7 @@ from safetensors.torch import load_file
 from test_cli_e2e import invoke, tiny_args
 
 import thinkrl.learner.logprobs as batch_mod
+import thinkrl.setup as setup_mod
 import thinkrl.train as train_mod
 from thinkrl import cli
 from thinkrl.run import checkpoint, faults
@@ -195,7 +196,7 @@ def test_an_unwritable_output_dir_is_a_one_line_error(tiny_model_dir, tmp_path, 
         def refused(cfg, path):
             raise PermissionError(errno.EACCES, "Permission denied", str(path))
 
-        monkeypatch.setattr(train_mod, "save_config", refused)
+        monkeypatch.setattr(setup_mod, "save_config", refused)
         fix = "; make it writable or choose another --output-dir"
     else:
         parent.mkdir()

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from thinkrl.batch import TokenBatch
-from thinkrl.config.load import load_config, resolve
+from thinkrl.config.load import load_config, resolve, to_dict
 from thinkrl.errors import UserError
 from thinkrl.methods import available_methods, get_method, load_plugins, method_class
 
@@ -159,3 +159,34 @@ def test_negative_clip_is_rejected(method_name):
         # cispo checks the pair: "clip_low and clip_high must be >= 0, got -0.1 and 0.2"
         with pytest.raises(UserError, match=rf"({field}|clip_low and clip_high) must be >= 0, got .*-0\.1"):
             get_method(method_name, **{field: -0.1})
+
+
+def test_config_file_is_the_recipe(method_name):
+    """configs/NAME.yaml is a readable example of exactly what `--method NAME` applies."""
+    path = CONFIGS / f"{method_name}.yaml"
+    if not path.exists():
+        pytest.skip(f"no configs/{method_name}.yaml (plugins ship none)")
+    from thinkrl.config.files import read_yaml
+
+    written = {key: value for key, value, _ in read_yaml(path) if key != "method.name"}
+    assert written == method_class(method_name).recipe
+
+
+def test_method_name_applies_the_recipe_beneath_the_users_settings(method_name):
+    """defaults < recipe < file < -o; --no-recipe (recipe=False) leaves it out; config.yaml shows it."""
+    cls = method_class(method_name)
+    with_recipe = load_config(**{"method.name": method_name})
+    without = load_config(recipe=False, **{"method.name": method_name})
+    for key, value in cls.recipe.items():
+        section, _, field = key.rpartition(".")
+        got = with_recipe.method.params[field] if section == "method" else getattr(_section(with_recipe, section), field)
+        assert got == value, key
+    assert not without.method.recipe and (not cls.recipe or to_dict(with_recipe) != to_dict(without))
+    if "train.mini_batches" in cls.recipe:  # -o wins over the recipe
+        assert load_config(overrides=["train.mini_batches=2"], **{"method.name": method_name}).train.mini_batches == 2
+
+
+def _section(cfg, dotted: str):
+    for part in dotted.split("."):
+        cfg = getattr(cfg, part)
+    return cfg

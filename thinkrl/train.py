@@ -17,8 +17,6 @@ finish the step, checkpoint, and print the resume command (exit 0).
 from __future__ import annotations
 
 import contextlib
-import json
-import math
 import random
 import time
 from dataclasses import replace
@@ -26,21 +24,16 @@ from pathlib import Path
 
 import torch
 
-from thinkrl import distributed
+from thinkrl import distributed, setup
 from thinkrl.config import Config
-from thinkrl.config.load import resolve, save_config
-from thinkrl.data import build_prompts, load_problems
+from thinkrl.config.load import on_policy_note, resolve
 from thinkrl.errors import UserError
 from thinkrl.evaluation.evaluate import eval_during_training
 from thinkrl.learner.advantages import compute_advantages
 from thinkrl.learner.batching import RolloutBatch
-from thinkrl.learner.logprobs import PolicyLogProbs
-from thinkrl.learner.update import UpdateContext, update
-from thinkrl.methods import get_method
-from thinkrl.models import eos_ids, load_base, load_policy, parameter_counts
+from thinkrl.learner.update import update
+from thinkrl.models import eos_ids
 from thinkrl.rollout.collect import RolloutContext, collect
-from thinkrl.rollout.engines import engine_for_run
-from thinkrl.rollout.policy_copy import PolicySampler
 from thinkrl.run import checkpoint, faults, records, trackers
 from thinkrl.run.console import console, progress, step_line
 from thinkrl.run.jsonl import JsonlLog
@@ -56,29 +49,6 @@ def seed_step(seed: int, step: int, device: torch.device, rank: int = 0) -> torc
     return torch.Generator(device=device).manual_seed((s + 7_919 * rank) % 2**63)
 
 
-def lr_lambda(cfg, total: int):
-    def f(i: int) -> float:
-        if i < cfg.warmup_steps:
-            return (i + 1) / cfg.warmup_steps
-        frac = (i - cfg.warmup_steps) / max(1, total - cfg.warmup_steps)
-        return {"constant": 1.0, "linear": 1.0 - frac, "cosine": 0.5 * (1 + math.cos(math.pi * frac))}[cfg.schedule]
-
-    return f
-
-
-def prepare_data(cfg: Config, tok, run_dir: Path):
-    loaded = load_problems(cfg.data)
-    prompts, too_long = build_prompts(loaded.problems, tok, cfg.prompt, cfg.data.max_prompt_tokens)
-    skipped = {**loaded.skipped, **({"prompt too long": too_long} if too_long else {})}
-    if not prompts:
-        raise UserError(f"every prompt of {cfg.data.name} is longer than data.max_prompt_tokens={cfg.data.max_prompt_tokens}; raise it")
-    report = {"dataset": cfg.data.name, "used": len(prompts), "skipped": skipped}
-    (run_dir / "data_report.json").write_text(json.dumps(report, indent=2))
-    note = ", ".join(f"{n} {why}" for why, n in skipped.items()) or "none"
-    console.print(f"data: {cfg.data.name}: {len(prompts)} prompts, skipped: {note}")
-    return prompts
-
-
 def train(cfg: Config, resume: bool = False) -> Path:
     from accelerate import Accelerator
 
@@ -90,6 +60,10 @@ def train(cfg: Config, resume: bool = False) -> Path:
     rank, world = distributed.world()
     main = rank == 0
     console.quiet = not main
+    console.print(run_summary(cfg, resume), soft_wrap=True)
+    note = on_policy_note(cfg)
+    if note:
+        console.print(f"[yellow]{note}[/]", soft_wrap=True)
     if cfg.rollout.prompts_per_step % world:
         raise UserError(
             f"rollout.prompts_per_step={cfg.rollout.prompts_per_step} must be a multiple of the {world} processes "
@@ -100,45 +74,20 @@ def train(cfg: Config, resume: bool = False) -> Path:
         console.print(f"no complete checkpoint in {run_dir}: starting from step 0")
     if not resume and (run_dir / "metrics.jsonl").exists():
         raise UserError(f"{run_dir} already holds a run; continue it with --resume {run_dir} or pick a new --output-dir")
-    accelerator.wait_for_everyone()  # every rank has checked before rank 0 writes anything
-    with faults.writes(run_dir, run_dir, started=False):  # an unwritable --output-dir fails here, before any work
-        run_dir.mkdir(parents=True, exist_ok=True)
-        if main:
-            save_config(cfg, run_dir / "config.yaml")
+    setup.check_writable(run_dir)
 
-    # --- setup: model, method, data, optimizer
-    device = accelerator.device
-    seed_step(cfg.train.seed, 0, device)  # LoRA init is part of the run's seed
-    policy, tok = load_policy(cfg.model, device, cfg.train.gradient_checkpointing)
-    trainable, total = parameter_counts(policy)
-    console.print(f"model: {cfg.model.name} on {device}, {trainable:,} of {total:,} parameters trainable")
-    method = get_method(cfg.method.name, **cfg.method.params)
-    estimator = method.advantage if cfg.advantage.estimator == "auto" else cfg.advantage.estimator
-    prompts = prepare_data(cfg, tok, run_dir)
-    tc, rc = cfg.train, cfg.rollout
-    optimizer = torch.optim.AdamW(
-        [p for p in policy.parameters() if p.requires_grad], lr=tc.lr, betas=tuple(tc.adam_betas), weight_decay=tc.weight_decay
-    )
-    total_updates = tc.steps * tc.mini_batches * tc.epochs
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(tc, total_updates))
-    # the training forward goes through `model` (DDP/FSDP see it); sampling and checkpoints use `policy`
-    model, optimizer, scheduler = accelerator.prepare(PolicyLogProbs(policy), optimizer, scheduler)
-    policy = accelerator.unwrap_model(model).policy
-    ref_model = _reference(cfg, policy, device) if "ref_logp" in method.requires else None
-    learner = UpdateContext(model, method, optimizer, scheduler, accelerator, cfg, tok.pad_token_id, ref_model)
+    # --- setup: data, model, method, optimizer, sampler, engine; the run directory appears once they work
+    s = setup.prepare(cfg, accelerator, run_dir, ckpt)
+    policy, tok, method, learner, sampler, engine, seed_pool = s.policy, s.tok, s.method, s.learner, s.sampler, s.engine, s.seed_pool
+    accelerator.wait_for_everyone()  # every rank has set up before rank 0 writes anything
+    setup.open_run_dir(cfg, run_dir, s.data_report, main)
     trackers.start(accelerator, cfg)
-    start = 0
+    tc, rc, device, start = cfg.train, cfg.rollout, accelerator.device, s.start
+    estimator = method.advantage if cfg.advantage.estimator == "auto" else cfg.advantage.estimator
     metrics_log, rollouts_log = JsonlLog(run_dir / "metrics.jsonl"), JsonlLog(run_dir / "rollouts.jsonl")
-    sampler = PolicySampler(policy, rc.precision, rc.staleness, copy_always=cfg.seeds.enabled)
-    seed_pool = _seed_pool(cfg, run_dir) if cfg.seeds.enabled else None
-    if ckpt is not None:
-        start = checkpoint.load(ckpt, policy, optimizer, scheduler, method, sampler, seed_pool)["step"]
-        _use_config_hyperparameters(optimizer, scheduler, tc, total_updates)
-        console.print(f"resuming {run_dir} from {ckpt.name}")
     if main:
         metrics_log.truncate_after(start)
         rollouts_log.truncate_after(start)
-    engine = engine_for_run(cfg, device)
 
     def save(step: int) -> None:
         state = {"seed": tc.seed, "method": cfg.method.name}
@@ -146,7 +95,9 @@ def train(cfg: Config, resume: bool = False) -> Path:
             return
         try:
             with faults.writes(run_dir / "checkpoints" / f"step-{step}", run_dir):
-                checkpoint.save(run_dir, step, policy, tok, optimizer, scheduler, method, state, tc.keep_last, sampler, seed_pool)
+                checkpoint.save(
+                    run_dir, step, policy, tok, learner.optimizer, learner.scheduler, method, state, tc.keep_last, sampler, seed_pool
+                )
         except UserError:
             with contextlib.suppress(OSError):  # the half-written temporary directory: give its space back now
                 checkpoint.remove_stale(run_dir)
@@ -162,6 +113,7 @@ def train(cfg: Config, resume: bool = False) -> Path:
             task = bar.add_task(cfg.method.name, total=tc.steps, completed=start, info="")
             eos, recorded = eos_ids(policy, tok), _sampler_records(method, cfg)
             rollout = RolloutContext(cfg, engine, sampler, tok, pool, eos, tok.pad_token_id, **recorded, seed_pool=seed_pool)
+            prompts = s.prompts
             for step in range(start, tc.steps):
                 t0 = time.perf_counter()
                 generator = seed_step(tc.seed, step + 1, device, rank)
@@ -213,7 +165,7 @@ def train(cfg: Config, resume: bool = False) -> Path:
                     save(step + 1)
                     accelerator.wait_for_everyone()
                 if diverged:  # the checkpoint holds the last good weights: skipped updates changed nothing
-                    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+                    dtype = str(next(policy.parameters()).dtype).removeprefix("torch.")
                     raise UserError(faults.nonfinite_message(cfg, step + 1, nonfinite, run_dir, dtype))
                 if stop and not done:
                     # soft_wrap: never wrapped at the console width, so the command stays one copyable line in a log file
@@ -231,22 +183,15 @@ def train(cfg: Config, resume: bool = False) -> Path:
     return run_dir
 
 
-def _use_config_hyperparameters(optimizer, scheduler, tc, total_updates: int) -> None:
-    """A checkpoint restores the optimizer's LR, betas and weight decay as they were saved; the config wins,
-    so `--resume RUN_DIR -o train.lr=...` (the fix for a diverging run) takes effect. The schedule keeps its
-    position: the LR becomes train.lr x schedule(position), exactly what an unchanged config had anyway."""
-    sched = getattr(scheduler, "scheduler", scheduler)  # accelerate wraps the torch scheduler
-    factor = lr_lambda(tc, total_updates)(sched.last_epoch)
-    sched.base_lrs = [tc.lr for _ in optimizer.param_groups]
-    for group in optimizer.param_groups:
-        group.update(initial_lr=tc.lr, lr=tc.lr * factor, betas=tuple(tc.adam_betas), weight_decay=tc.weight_decay)
-
-
-def _seed_pool(cfg: Config, run_dir: Path):
-    from thinkrl.rollout.seeds import SeedPool
-
-    on_disk = cfg.seeds.storage == "disk" or (cfg.seeds.storage == "auto" and cfg.model.lora.rank == 0)
-    return SeedPool(cfg.seeds, run_dir / "seeds", on_disk)
+def run_summary(cfg: Config, resume: bool) -> str:
+    """The first line a run prints: where it writes and what it trains."""
+    r, t = cfg.rollout, cfg.train
+    what = "resuming" if resume else "run directory"
+    return (
+        f"{what}: {cfg.output_dir}  (method {cfg.method.name}{'' if cfg.method.recipe else ', no recipe'}, model {cfg.model.name}, "
+        f"data {cfg.data.name}, {t.steps} steps x {r.prompts_per_step} prompts x {r.group_size}, "
+        f"{t.mini_batches * t.epochs} update(s) per rollout, up to {r.max_new_tokens} new tokens, engine {r.engine})"
+    )
 
 
 def _sampler_records(method, cfg: Config) -> dict:
@@ -259,19 +204,3 @@ def _sampler_records(method, cfg: Config) -> dict:
         "record_topk": method.topk_width if needs & {"topk_ids", "topk_old_logp", "topk_logp"} else 0,
         "record_entropy": "old_entropy" in needs,
     }
-
-
-def _reference(cfg: Config, model, device):
-    """Context manager factory yielding the reference policy: the base model (LoRA: adapters disabled)."""
-    if cfg.model.lora.rank > 0:
-        return lambda: _adapters_off(model)
-    ref, _ = load_base(cfg.model.name, next(model.parameters()).dtype)
-    ref = ref.to(device).eval().requires_grad_(False)
-    return lambda: contextlib.nullcontext(ref)
-
-
-@contextlib.contextmanager
-def _adapters_off(model):
-    base = model.module if hasattr(model, "module") else model
-    with base.disable_adapter():
-        yield base

@@ -1,10 +1,13 @@
-"""Loading a run configuration: defaults (thinkrl/config/sections.py) -> YAML file -> strict `-o key=value` overrides,
-then each section's own checks (`validate`) and the checks that span sections (`resolve`).
+"""Loading a run configuration, in one order: defaults (config/sections.py) <- the method's recipe <- a YAML file
+<- `-o key=value` overrides <- CLI shorthands (--method, --model, --dataset, --output-dir); then each
+section's own checks (`validate`) and the checks that span sections (`resolve`).
 
-One path only: defaults written in thinkrl/config/sections.py, a YAML in configs/ that holds what differs, then
-dotted overrides whose values are parsed with `yaml.safe_load`. Unknown keys and wrong types are errors
-that name the key (and the closest valid one). The `method:` section is validated against the chosen
-method's own Config. The resolved config (every default filled in) is written into each run directory.
+A method's recipe is the regime its paper studies (`thinkrl methods NAME` prints it): `--method ctpo` trains
+CTPO with 4 mini-batches and sequence-level TIS, not GRPO's on-policy single update. `method.recipe: false`
+(`--no-recipe`) leaves it out. Values are parsed as YAML; every unknown key and ill-typed value is reported in
+one message, each with where it came from (file:line or the -o text) and the closest valid key, or the
+thinkrl name of a TRL / verl setting. The resolved config (every default filled in) is written into each
+run directory.
 """
 
 from __future__ import annotations
@@ -17,7 +20,9 @@ from typing import Any
 import yaml
 
 from thinkrl.config import Config, MethodSection
-from thinkrl.config.typecheck import closest, coerce, hints
+from thinkrl.config.files import read_yaml
+from thinkrl.config.hints import unknown_key_hint
+from thinkrl.config.typecheck import coerce, hints
 from thinkrl.errors import UserError
 
 
@@ -39,6 +44,8 @@ def _set(cfg: Config, dotted: str, value: Any) -> None:
     if parts[0] == "method" and len(parts) == 2:
         if parts[1] == "name":
             cfg.method.name = coerce(value, str, dotted)
+        elif parts[1] == "recipe":
+            cfg.method.recipe = coerce(value, bool, dotted)
         elif parts[1] == "params":
             cfg.method.params.update(coerce(value, dict, dotted))
         else:  # validated later against the method's own Config
@@ -48,7 +55,7 @@ def _set(cfg: Config, dotted: str, value: Any) -> None:
     for i, part in enumerate(parts):
         names = [f.name for f in dataclasses.fields(obj)] if dataclasses.is_dataclass(obj) else []
         if part not in names:
-            raise UserError(f"unknown config key '{dotted}'{closest(dotted, all_keys())}")
+            raise UserError(f"unknown config key '{dotted}'{unknown_key_hint(dotted, all_keys())}")
         tp = hints(type(obj))[part]
         if i == len(parts) - 1:
             if dataclasses.is_dataclass(tp):
@@ -67,7 +74,7 @@ def flatten(d: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
     out = []
     for k, v in d.items():
         key = f"{prefix}{k}"
-        if isinstance(v, dict) and key != "method.params" and not (prefix == "method." and k != "params"):
+        if isinstance(v, dict) and key != "method.params" and not (prefix == "method." and k != "params"):  # noqa: SIM102
             out += flatten(v, key + ".")
         else:
             out.append((key, v))
@@ -77,7 +84,7 @@ def flatten(d: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
 def parse_override(text: str) -> tuple[str, Any]:
     """'train.lr=1e-4' -> ('train.lr', 1e-4)."""
     if "=" not in text:
-        raise UserError(f"override {text!r} must look like key=value, e.g. -o train.lr=1e-4")
+        raise UserError(f"-o {text}: an override is one argument KEY=VALUE with no spaces, e.g. -o {text}=VALUE (-o train.lr=1e-4)")
     key, raw = text.split("=", 1)
     try:
         value = yaml.safe_load(raw) if raw.strip() else ""
@@ -86,26 +93,35 @@ def parse_override(text: str) -> tuple[str, Any]:
     return key.strip(), value
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] = (), **shorthands: Any) -> Config:
-    """Defaults <- YAML file <- `key=value` overrides <- CLI shorthands (--method, --model, ...)."""
-    cfg = Config()
+def load_config(path: str | Path | None = None, overrides: list[str] = (), recipe: bool | None = None, **shorthands: Any) -> Config:
+    """Defaults <- the method's recipe (unless recipe=False or method.recipe: false) <- YAML file <- `key=value`
+    overrides <- CLI shorthands (--method, --model, ...). Every bad key is reported in one error."""
+    entries: list[tuple[str, Any, str]] = []  # (dotted key, value, where it was written)
     if path is not None:
         path = Path(path)
-        if not path.is_file():
-            raise UserError(f"config file not found: {path}")
+        entries += [(key, value, f"{path}:{line}") for key, value, line in read_yaml(path)]
+    entries += [(*parse_override(text), f"-o {text}") for text in overrides]
+    entries += [(key, value, f"--{key.rsplit('.', 1)[-1].replace('_', '-')}") for key, value in shorthands.items() if value is not None]
+    name = next((v for k, v, _ in reversed(entries) if k == "method.name"), MethodSection.name)
+    use_recipe = next((v for k, v, _ in reversed(entries) if k == "method.recipe"), True) if recipe is None else recipe
+    cfg = Config()
+    if use_recipe is True and isinstance(name, str):
+        from thinkrl.methods import method_class  # late: the registry imports every method module
+
+        for key, value in method_class(name).recipe.items():
+            _set(cfg, key, value)
+    errors = []
+    for key, value, where in entries:
         try:
-            data = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as e:
-            raise UserError(f"{path}: malformed YAML: {str(e).splitlines()[0]}") from None
-        if not isinstance(data, dict):
-            raise UserError(f"{path}: expected a mapping of config sections at the top level")
-        for key, value in flatten(data):
             _set(cfg, key, value)
-    for text in overrides:
-        _set(cfg, *parse_override(text))
-    for key, value in shorthands.items():
-        if value is not None:
-            _set(cfg, key, value)
+        except UserError as e:
+            errors.append(f"{e} ({where})" if not str(e).startswith(where) else str(e))
+    if recipe is not None:
+        cfg.method.recipe = recipe
+    if len(errors) == 1:
+        raise UserError(errors[0])
+    if errors:
+        raise UserError(f"{len(errors)} config errors: " + "; ".join(errors))
     validate(cfg)
     return cfg
 
@@ -138,6 +154,9 @@ def resolve(cfg: Config) -> Config:
     if cfg.method.params.get("norm_length") == 0:  # seq-mean-token-sum-norm's constant L: the budget
         cfg.method.params["norm_length"] = cfg.rollout.max_new_tokens
     r, t, s = cfg.rollout, cfg.train, cfg.seeds
+    if 0 < cfg.reward.overlong_buffer < 1:  # a fraction of the budget: the recipes stay right for any budget
+        cfg.reward.overlong_buffer = max(1, int(cfg.reward.overlong_buffer * r.max_new_tokens))
+    cfg.reward.overlong_buffer = int(cfg.reward.overlong_buffer)
     checks = [
         (
             r.prompts_per_step * r.group_size >= t.mini_batches,
@@ -168,9 +187,28 @@ def resolve(cfg: Config) -> Config:
     return cfg
 
 
+def on_policy_note(cfg: Config) -> str | None:
+    """One line when the resolved settings make the method's gradient grpo's: a method that acts only through
+    its ratios, in a run where every ratio is 1 (one update per rollout, no precision or staleness gap)."""
+    from thinkrl.methods import method_class
+
+    cls, r, t = method_class(cfg.method.name), cfg.rollout, cfg.train
+    if not cls.acts_off_policy or t.mini_batches * t.epochs > 1 or r.precision != "same" or r.staleness:
+        return None
+    aggregation = cfg.method.params.get("aggregation", "seq-mean-token-mean")
+    estimator = cls.advantage if cfg.advantage.estimator == "auto" else cfg.advantage.estimator
+    recipe = ", ".join(f"{k}={v}" for k, v in cls.recipe.items()) or "none"
+    return (
+        f"note: {cfg.method.name} acts only through its importance ratios, and this run is on-policy (one update per "
+        f"rollout, rollout.precision=same, rollout.staleness=0): every ratio is 1, so its gradient is grpo's with "
+        f"method.aggregation={aggregation} and advantage.estimator={estimator}. To see it act set train.mini_batches > 1, "
+        f"rollout.staleness > 0 or rollout.precision; its recipe ({recipe}) does that unless method.recipe is false."
+    )
+
+
 def to_dict(cfg: Config) -> dict[str, Any]:
     d = dataclasses.asdict(cfg)
-    d["method"] = {"name": cfg.method.name, **cfg.method.params}
+    d["method"] = {"name": cfg.method.name, "recipe": cfg.method.recipe, **cfg.method.params}
     return d
 
 

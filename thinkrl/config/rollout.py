@@ -76,9 +76,9 @@ class RolloutConfig:
 
 @dataclass
 class RewardConfig:
-    overlong_buffer: int = 0
-    """DAPO soft overlong punishment: over the last N tokens of the budget the reward falls linearly by
-    up to overlong_penalty (0 = off)."""
+    overlong_buffer: float = 0
+    """DAPO's soft overlong punishment: over the last N tokens of the budget the reward falls linearly by up to
+    overlong_penalty; a value below 1 is a fraction of rollout.max_new_tokens (DAPO: 0.2); 0 = off."""
     overlong_penalty: float = 1.0
     """Largest overlong punishment, reached at rollout.max_new_tokens."""
 

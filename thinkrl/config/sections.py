@@ -150,6 +150,8 @@ class LogConfig:
 class MethodSection:
     name: str = "grpo"
     """Policy-loss method (see `thinkrl methods`)."""
+    recipe: bool = True
+    """Apply the method's recipe, the regime its paper studies (thinkrl methods NAME), beneath the file and -o."""
     params: dict[str, Any] = field(default_factory=dict)
     """The method's own hyperparameters (validated against its Config)."""
 

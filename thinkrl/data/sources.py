@@ -130,6 +130,7 @@ def _read_hub(spec_path: str, subset: str | None, split: str) -> list[dict[str, 
     try:
         import datasets
 
+        datasets.disable_progress_bars()  # thinkrl's own display says what it loads
         ds = datasets.load_dataset(spec_path, subset, split=split)
     except Exception as e:  # network, missing split, private repo: all end up here
         first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__

@@ -25,11 +25,16 @@ from thinkrl.evaluation.settings import EvalSettings, check_resume, resolve_sett
 from thinkrl.models import eos_ids, load_base, resolve_dtype, resolve_path
 from thinkrl.rollout.completions import Sampling
 from thinkrl.rollout.engines import Engine, make_engine
-from thinkrl.run.checkpoint import find_checkpoint
+from thinkrl.run.checkpoint import checkpoint_step, find_checkpoint
 from thinkrl.run.console import console, progress
 from thinkrl.run.jsonl import JsonlLog, read_jsonl
 
 CHUNK_SLOTS = 4
+
+
+def eval_split(s: EvalSettings) -> str | None:
+    """--split, else the built-in task's held-out split, else the dataset's own."""
+    return s.split or ("test" if s.dataset == "arith" else None)
 
 
 def load_for_eval(model_arg: str, adapter: str | None, device: torch.device):
@@ -58,8 +63,7 @@ def load_for_eval(model_arg: str, adapter: str | None, device: torch.device):
 
 def eval_dataset(model, tok, s: EvalSettings, data_cfg: DataConfig, out_dir: Path, pool, engine: Engine) -> dict:
     """Generate with `engine`, grade and summarise one dataset into out_dir (resuming what is already there)."""
-    split = s.split or ("test" if data_cfg.name == "arith" else None)
-    loaded = load_problems(replace(data_cfg, name=s.dataset, limit=s.limit), split)
+    loaded = load_problems(replace(data_cfg, name=s.dataset, limit=s.limit), eval_split(s))
     prompt_cfg = PromptConfig(template=s.template, system=s.system, instruction=s.instruction)
     prompts, _ = build_prompts(loaded.problems, tok, prompt_cfg, max_tokens=10**9)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -145,6 +149,8 @@ def eval_during_training(model, tok, cfg: Config, run_dir: Path, step: int, pool
             max_new_tokens=cfg.eval.max_new_tokens,
             grader=cfg.verifier.grader,
             engine=engine.name,
+            checkpoint=f"{run_dir} (in training)",
+            checkpoint_step=step,
             batch_size=engine.slots,
         )
         s = resolve_settings(s, cfg)
@@ -156,24 +162,33 @@ def eval_during_training(model, tok, cfg: Config, run_dir: Path, step: int, pool
 
 
 def evaluate(s: EvalSettings, datasets: list[str], output: Path | None, cfg: Config | None = None) -> list[dict]:
-    """Evaluate `s.model` on each dataset; output/<dataset>/ per dataset (output itself when there is one)."""
+    """Evaluate `s.model` on each dataset; output/<dataset>/ per dataset (output itself when there is one). A
+    run directory (or one of its checkpoints) is evaluated at its checkpoint, recorded in settings.json, and
+    writes to RUN_DIR/eval/step-N/<dataset>/ by default. Datasets and presets are checked before the model loads."""
     from thinkrl.verifier import VerifierPool
 
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    model, tok, run_cfg = load_for_eval(s.model, s.adapter, device)
-    base = cfg or run_cfg or Config()
     found = find_checkpoint(s.model)
-    summaries = []
+    run_cfg = load_config(found[0] / "config.yaml") if found else None
+    if found:
+        s = replace(s, checkpoint=str(found[1]), checkpoint_step=checkpoint_step(found[1]))
+    base = cfg or run_cfg or Config()
+    plan = []  # (settings, output directory) per dataset, checked before any model loads
+    for name in datasets or [base.data.name]:
+        settings = resolve_settings(replace(s, dataset=name), base)
+        load_problems(replace(base.data, name=settings.dataset, limit=settings.limit), eval_split(settings))  # files, columns
+        stem = Path(settings.dataset).stem
+        if output is not None:
+            out_dir = output if len(datasets) <= 1 else output / stem
+        else:
+            out_dir = found[0] / "eval" / f"step-{s.checkpoint_step}" / stem if found else Path("eval") / stem
+        plan.append((settings, out_dir))
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model, tok, _ = load_for_eval(s.model, s.adapter, device)
     path = str(found[1] / "model") if found and (found[1] / "model").is_dir() else resolve_path(run_cfg.model.name if run_cfg else s.model)
     engine = make_engine(s.engine, device, s.batch_size, s.max_new_tokens or 0, model_path=path)
+    summaries = []
     with VerifierPool() as pool, contextlib.closing(engine):
-        for name in datasets or [base.data.name]:
-            settings = resolve_settings(replace(s, dataset=name), base)
-            stem = Path(settings.dataset).stem
-            if output is None:
-                out_dir = (found[0] / "eval" / stem) if found else Path("eval") / stem
-            else:
-                out_dir = output if len(datasets) <= 1 else output / stem
+        for settings, out_dir in plan:
             summaries.append(eval_dataset(model, tok, settings, base.data, out_dir, pool, engine))
             console.print(f"written: {out_dir}/summary.json, {out_dir}/samples.jsonl")
     return summaries

@@ -33,6 +33,8 @@ PRESETS = {
 # settings that change the numbers: a resumed evaluation must match on all of them
 _SAME_ON_RESUME = (
     "model",
+    "checkpoint",
+    "checkpoint_step",
     "adapter",
     "dataset",
     "split",
@@ -67,6 +69,8 @@ class EvalSettings:
     adapter: str | None = None
     grader: str = "thinkrl.verifier:grade"
     engine: str = "auto"  # auto | lean | transformers | vllm (thinkrl/rollout/engines/)
+    checkpoint: str | None = None  # the checkpoint evaluated, when the model is a run directory
+    checkpoint_step: int | None = None  # its training step
 
 
 def resolve_settings(s: EvalSettings, cfg: Config) -> EvalSettings:

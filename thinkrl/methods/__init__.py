@@ -62,6 +62,12 @@ class Method(Generic[C]):
     reinforce_on_policy: ClassVar[bool] = True
     """Whether, at logp == old_logp == behav_logp, the gradient is REINFORCE's for the aggregation
     (checked by the contract test); False for methods that select or reweight tokens by design."""
+    acts_off_policy: ClassVar[bool] = False
+    """True when the method departs from REINFORCE only through its ratios: in an on-policy run (one update
+    per rollout, no precision or staleness gap) every ratio is 1 and it trains like grpo with its aggregation."""
+    recipe: ClassVar[dict[str, Any]] = {}
+    """The regime the paper studies, as dotted config keys: `--method NAME` applies it beneath the user's
+    file and -o (method.recipe: false leaves it out)."""
 
     def __init__(self, **overrides: Any) -> None:
         self.cfg = build(self.Config, overrides, "method.")
@@ -123,6 +129,8 @@ class Method(Generic[C]):
         for f in _ordered_fields(cls.Config):
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
             lines.append(f"  {f.name} = {default!r}    {docs.get(f.name, '')}".rstrip())
+        lines += ["", "Recipe (applied by --method NAME beneath your config file and -o; --no-recipe leaves it out):"]
+        lines += [f"  {k} = {v!r}" for k, v in cls.recipe.items()] or ["  (none: the defaults are the paper's regime)"]
         return "\n".join(lines)
 
 

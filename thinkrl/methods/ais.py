@@ -141,6 +141,9 @@ def ais_weights(old_logp: Tensor, behav_logp: Tensor, alpha: float, cap: float) 
 class AIS(Method[Config]):
     """GRPO weighted by (1 - alpha) + alpha min(pi_old/mu, 2); alpha per step from reliability, severity, variance."""
 
+    recipe = {"rollout.precision": "fp8"}  # the paper's setting: an fp8 sampler against a higher-precision trainer
+    acts_off_policy = True
+
     def __init__(self, **overrides) -> None:
         super().__init__(**overrides)
         self.alpha_state, self.started = 0.0, False  # alpha before any begin_step: uncorrected

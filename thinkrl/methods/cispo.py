@@ -58,6 +58,8 @@ class Config(Reduction):
 class CISPO(Method[Config]):
     """REINFORCE with a clipped, detached IS weight (cap 1.2): no token ever loses its gradient."""
 
+    acts_off_policy = True
+
     def loss(self, batch: TokenBatch) -> tuple[Tensor, dict[str, Tensor]]:
         c = self.cfg
         ratio = log_ratio(batch.logp, batch.old_logp).exp().detach()  # (B, T) the weight carries no gradient

@@ -84,6 +84,12 @@ def thresholds(dist: Tensor, mask: Tensor, cfg: Config) -> tuple[Tensor, Tensor]
 class CPPO(Method[Config]):
     """DPPO-style Binary-TV mask with position-weighted thresholds and a cumulative per-sequence prefix budget."""
 
+    recipe = {
+        "rollout.group_size": 16,
+        "train.mini_batches": 4,
+    }  # off-policy updates: 4 mini-batches per rollout of 16 completions per prompt
+    acts_off_policy = True
+
     advantage = "no_std"
 
     def loss(self, batch: TokenBatch) -> tuple[Tensor, dict[str, Tensor]]:

@@ -24,7 +24,7 @@ Defaults (ctpo.sh, verl actor config): eps_lo 0.025, eps_hi 0.05, eps_c 0.05, p 
 for geomean (p = 0: uniform bounds); ratio windows [0.9753, 1.0513] at t = 1, [0.7788, 1.6487] at 100,
 [0.4536, 4.8605] at 1000, [0.1069, 87.54] at 8000; the dual-clip threshold equals the upper bound.
 bounds=ratio gives the non-LA modes `cum-token-cumprod` / `cum-token-geomean` (eps 0.2, dual clip c = 3).
-GRPO advantages (with std), token-mean, sequence-level TIS with C = 5 in the paper (configs/ctpo.yaml).
+GRPO advantages (with std), token-mean, sequence-level TIS with C = 5 in the paper (its recipe).
 
 Relative to grpo: the ratio of token t is the cumulative prefix ratio (prefix detached), the clip window
 depends on the token's position, and a position-dependent dual clip caps A < 0 tokens. With all ratios 1
@@ -113,6 +113,16 @@ def log_bounds(n: Tensor, cfg: Config) -> tuple[Tensor, Tensor, Tensor | None]:
 @register("ctpo")
 class CTPO(Method[Config]):
     """Cumulative prefix importance ratio (gradient through the current token) with sqrt(position) log-space clip."""
+
+    # ctpo.sh: 4 mini-batches per rollout, sequence-level TIS with C = 5
+    recipe = {
+        "rollout.group_size": 16,
+        "train.mini_batches": 4,
+        "correction.mode": "tis",
+        "correction.level": "sequence",
+        "correction.c_max": 5.0,
+    }
+    acts_off_policy = True
 
     def loss(self, batch: TokenBatch) -> tuple[Tensor, dict[str, Tensor]]:
         c, mask, adv = self.cfg, batch.mask, batch.advantages

@@ -14,13 +14,13 @@ What it changes relative to grpo: a decoupled upper clip (0.28 instead of 0.2) s
 tokens with a positive advantage can still grow (against entropy collapse); token-level normalisation,
 so every token weighs the same whatever its sequence's length; no KL term and no dual clip.
 
-DAPO's other two changes act on the loop, not the loss, so they are trainer options (configs/dapo.yaml):
+DAPO's other two changes act on the loop, not the loss, so they are trainer options, set by its recipe:
 - dynamic sampling: `rollout.dynamic_sampling: true` drops groups whose rewards are all equal (zero
   advantage, no signal) and samples more prompts, `rollout.max_sampling_rounds: 3` rounds at most (verl
   caps it with max_num_gen_batches);
-- soft overlong punishment: `reward.overlong_buffer: 16`, `reward.overlong_penalty: 1.0` lower the
-  reward linearly over the last 16 tokens of the budget, by up to 1.0 at rollout.max_new_tokens (the
-  paper: 4096 of 20480 tokens, here scaled to the 48-token default). Overlong filtering is
+- soft overlong punishment: `reward.overlong_buffer: 0.2`, `reward.overlong_penalty: 1.0` lower the
+  reward linearly over the last fifth of the budget, by up to 1.0 at rollout.max_new_tokens (the
+  paper: 4096 of 20480 tokens). Overlong filtering is
   `rollout.mask_truncated`, off as in the paper's recipe.
 
 Defaults: clip_low 0.2, clip_high 0.28, token-mean, group-normalised advantages. The paper's G = 16,
@@ -47,6 +47,14 @@ class Config(ClipConfig):
 @register("dapo")
 class DAPO(Method[Config]):
     """Clip-higher (0.2/0.28), token-mean loss, no KL; dynamic sampling and overlong shaping in the trainer."""
+
+    # the loop half of DAPO: dynamic sampling and the soft overlong punishment over the last fifth of the budget
+    recipe = {
+        "rollout.dynamic_sampling": True,
+        "rollout.max_sampling_rounds": 3,
+        "reward.overlong_buffer": 0.2,
+        "reward.overlong_penalty": 1.0,
+    }
 
     def loss(self, batch: TokenBatch) -> tuple[Tensor, dict[str, Tensor]]:
         ratio = log_ratio(batch.logp, batch.old_logp).exp()  # (B, T)

@@ -77,6 +77,12 @@ class Config(AnchoredConfig):
 class DPPO(Method[Config]):
     """Divergence trust region (Binary-TV or Binary-KL on pi - mu) with a truncated IS REINFORCE gradient."""
 
+    recipe = {
+        "rollout.group_size": 16,
+        "train.mini_batches": 4,
+    }  # off-policy updates: 4 mini-batches per rollout of 16 completions per prompt
+    acts_off_policy = True
+
     advantage = "no_std"
 
     def loss(self, batch: TokenBatch) -> tuple[Tensor, dict[str, Tensor]]:

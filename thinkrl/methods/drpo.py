@@ -23,7 +23,7 @@ vanishes and l_t = -A r_t, the plain IS surrogate. Since |pi - mu| <= 1, delta =
 
 Defaults: delta 12.5 (paper section 4; delta 2.5 behaves alike), mu = the sampler's log-probs (anchor=behav,
 bypass mode), Dr.GRPO advantages (no std), token-mean (the code default; the paper's recipe uses
-seq-mean-token-sum-norm with L = max response length, see configs/drpo.yaml). The sampling temperature must
+seq-mean-token-sum-norm with L = max response length, set by its recipe). The sampling temperature must
 equal the one the log-probs are computed at (thinkrl uses rollout.temperature for both).
 
 Relative to grpo: the ratio is taken against mu, not pi_old; there is no clip, every token keeps a
@@ -60,6 +60,13 @@ class Config(AnchoredConfig):
 @register("drpo")
 class DRPO(Method[Config]):
     """Differentiable IS surrogate against mu with a smooth |A|/(2 delta) mu (r-1)^2 divergence penalty."""
+
+    recipe = {
+        "method.aggregation": "seq-mean-token-sum-norm",
+        "rollout.group_size": 16,
+        "train.mini_batches": 4,
+    }  # the paper's recipe: token sums over a constant length, 4 mini-batches per rollout
+    acts_off_policy = True
 
     advantage = "no_std"
 

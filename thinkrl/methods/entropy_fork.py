@@ -53,6 +53,11 @@ class Config(ClipConfig):
 class EntropyFork(Method[Config]):
     """DAPO surrogate on the top-rho (20%) highest-entropy tokens of the batch only (the 80/20 rule)."""
 
+    recipe = {
+        "rollout.dynamic_sampling": True,
+        "reward.overlong_buffer": 0.2,
+    }  # built on DAPO's loop: dynamic sampling and the soft overlong punishment
+
     reinforce_on_policy = False  # on-policy the gradient is REINFORCE on the high-entropy tokens only
     batch_statistics = True  # the entropy quantile is over the whole batch the loss sees
 

@@ -20,7 +20,7 @@ the trust region is enforced per sequence (a whole response is kept or dropped),
 hundreds of times narrower (3e-4 vs 0.2) because log s_i averages |y_i| tokens. No dual clip, no KL.
 
 Defaults: clip_low 3e-4, clip_high 4e-4 (GSPO v2, section 5.1), seq-mean-token-mean (verl forces it),
-group-normalised advantages. The paper splits each rollout batch into 4 mini-batches (configs/gspo.yaml);
+group-normalised advantages. The paper splits each rollout batch into 4 mini-batches (its recipe);
 with a single on-policy update s_i = 1 and the clip never acts.
 """
 
@@ -44,6 +44,9 @@ class Config(ClipConfig):
 @register("gspo")
 class GSPO(Method[Config]):
     """Clipped surrogate on the length-normalised sequence ratio (geometric mean of token ratios), clip 3e-4/4e-4."""
+
+    recipe = {"train.mini_batches": 4}  # GSPO v2, section 5.1: each rollout split into 4 mini-batches
+    acts_off_policy = True
 
     def loss(self, batch: TokenBatch) -> tuple[Tensor, dict[str, Tensor]]:
         mask = batch.mask

@@ -106,6 +106,12 @@ def rejection_test(batch: TokenBatch) -> RejectionTest:
 class SIS(Method[Config]):
     """Selective importance sampling: tokens passing a top-K rejection test train on-policy (weight 1, unclipped)."""
 
+    recipe = {
+        "rollout.group_size": 16,
+        "train.mini_batches": 4,
+    }  # off-policy updates, where accepted tokens can differ from ratio-clipped ones
+    acts_off_policy = True
+
     reinforce_on_policy = True  # on-policy every token in V_K is accepted (w~ = 1, gradient of log pi), the rest have r = 1
 
     @property

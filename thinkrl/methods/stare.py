@@ -133,6 +133,11 @@ def stare_weights(logp: Tensor, adv: Tensor, mask: Tensor, top_ratio: float, w: 
 class STARE(Method[Config]):
     """Clip-higher + dual clip; while batch entropy < target, top-10% surprisal A>0 tokens get weight 1.1."""
 
+    recipe = {
+        "method.target_entropy": 1.5,
+        "rollout.dynamic_sampling": True,
+    }  # the gate must open on this small model's entropy scale; DAPO's dynamic sampling
+
     reinforce_on_policy = False  # with the gate on, tokens are reweighted on-policy by design
     batch_statistics = True  # the top-P surprisal selection is over the whole batch the loss sees
 

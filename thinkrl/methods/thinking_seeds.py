@@ -55,6 +55,13 @@ class Config(HostedConfig):
 class ThinkingSeeds(Method[Config]):
     """Prefix tokens from a historical checkpoint ratioed against it, continuation tokens against pi_old (clip)."""
 
+    recipe = {
+        "seeds.every": 10,
+        "seeds.pool_size": 4,
+        "seeds.keep_initial": True,
+        "seeds.per_group": 2,
+    }  # a pool that fills within a 40-step demo run
+
     @property
     def requires(self) -> set[str]:
         # prefix_mask: seeds.enabled defaults to on for this method. entropy: for the prefix / continuation

@@ -207,3 +207,8 @@ def find_checkpoint(model_arg: str) -> tuple[Path, Path] | None:
     if (p / MARKER).is_file() and p.parent.name == "checkpoints":
         return p.parent.parent, p
     return None
+
+
+def checkpoint_step(ckpt: Path) -> int:
+    """The training step a checkpoint holds (its directory name step-N)."""
+    return int(Path(ckpt).name.split("-")[1])

@@ -1,0 +1,156 @@
+"""Everything a run needs before its first step: data, model, method, optimizer, sampler, engine.
+
+Cheap checks come first, so a missing dataset file, a missing column or a bad prompt template fails in a
+second, before any model loads; and nothing is written until setup has worked: the run directory appears
+only when training starts (`open_run_dir`), so a failed start leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from thinkrl.config import Config
+from thinkrl.config.load import save_config
+from thinkrl.data import build_prompts, load_problems
+from thinkrl.errors import UserError
+from thinkrl.learner.logprobs import PolicyLogProbs
+from thinkrl.learner.update import UpdateContext
+from thinkrl.methods import Method, get_method
+from thinkrl.models import load_base, load_policy, load_tokenizer, parameter_counts, resolve_path
+from thinkrl.rollout.engines import Engine, engine_for_run
+from thinkrl.rollout.policy_copy import PolicySampler
+from thinkrl.run import checkpoint, faults
+from thinkrl.run.console import console
+
+
+@dataclass
+class Setup:
+    policy: Any  # the transformers / peft model being trained
+    tok: Any
+    method: Method
+    prompts: list
+    data_report: dict
+    learner: UpdateContext  # model (wrapped), optimizer, scheduler, ...
+    sampler: PolicySampler
+    engine: Engine
+    seed_pool: Any  # thinkrl.rollout.seeds.SeedPool or None
+    start: int  # steps already done (resume)
+
+
+def lr_lambda(cfg, total: int):
+    def f(i: int) -> float:
+        if i < cfg.warmup_steps:
+            return (i + 1) / cfg.warmup_steps
+        frac = (i - cfg.warmup_steps) / max(1, total - cfg.warmup_steps)
+        return {"constant": 1.0, "linear": 1.0 - frac, "cosine": 0.5 * (1 + math.cos(math.pi * frac))}[cfg.schedule]
+
+    return f
+
+
+def prepare_data(cfg: Config, tok) -> tuple[list, dict]:
+    """The training prompts and what was skipped (written to data_report.json once the run starts)."""
+    loaded = load_problems(cfg.data)
+    prompts, too_long = build_prompts(loaded.problems, tok, cfg.prompt, cfg.data.max_prompt_tokens)
+    skipped = {**loaded.skipped, **({"prompt too long": too_long} if too_long else {})}
+    if not prompts:
+        raise UserError(f"every prompt of {cfg.data.name} is longer than data.max_prompt_tokens={cfg.data.max_prompt_tokens}; raise it")
+    note = ", ".join(f"{n} {why}" for why, n in skipped.items()) or "none"
+    console.print(f"data: {cfg.data.name}: {len(prompts)} prompts, skipped: {note}")
+    return prompts, {"dataset": cfg.data.name, "used": len(prompts), "skipped": skipped}
+
+
+def check_writable(run_dir: Path) -> None:
+    """An --output-dir that can never be written (a file in the way, a read-only disk) fails before any work."""
+    existing = next(p for p in (run_dir, *run_dir.parents) if p.exists())
+    if not existing.is_dir():
+        error: OSError = NotADirectoryError(errno.ENOTDIR, "Not a directory", str(existing))
+    elif not os.access(existing, os.W_OK | os.X_OK):
+        error = PermissionError(errno.EACCES, "Permission denied", str(existing))
+    else:
+        return
+    raise UserError(faults.cannot_write(error, run_dir, run_dir, started=False))
+
+
+def prepare(cfg: Config, accelerator, run_dir: Path, ckpt: Path | None) -> Setup:
+    """Data first (cheap, and the usual mistakes), then model, method, optimizer, sampler and engine."""
+    from thinkrl.train import seed_step  # the loop's reseeding rule: LoRA init is part of the run's seed
+
+    tok = load_tokenizer(resolve_path(cfg.model.name))
+    prompts, report = prepare_data(cfg, tok)
+    device = accelerator.device
+    seed_step(cfg.train.seed, 0, device)
+    policy, tok = load_policy(cfg.model, device, cfg.train.gradient_checkpointing)
+    trainable, total = parameter_counts(policy)
+    console.print(f"model: {cfg.model.name} on {device}, {trainable:,} of {total:,} parameters trainable")
+    method = get_method(cfg.method.name, **cfg.method.params)
+    tc, rc = cfg.train, cfg.rollout
+    params = [p for p in policy.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=tc.lr, betas=tuple(tc.adam_betas), weight_decay=tc.weight_decay)
+    total_updates = tc.steps * tc.mini_batches * tc.epochs
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(tc, total_updates))
+    # the training forward goes through `model` (DDP/FSDP see it); sampling and checkpoints use `policy`
+    model, optimizer, scheduler = accelerator.prepare(PolicyLogProbs(policy), optimizer, scheduler)
+    policy = accelerator.unwrap_model(model).policy
+    ref_model = _reference(cfg, policy, device) if "ref_logp" in method.requires else None
+    learner = UpdateContext(model, method, optimizer, scheduler, accelerator, cfg, tok.pad_token_id, ref_model)
+    sampler = PolicySampler(policy, rc.precision, rc.staleness, copy_always=cfg.seeds.enabled)
+    seed_pool = _seed_pool(cfg, run_dir) if cfg.seeds.enabled else None
+    start = 0
+    if ckpt is not None:
+        start = checkpoint.load(ckpt, policy, optimizer, scheduler, method, sampler, seed_pool)["step"]
+        _use_config_hyperparameters(optimizer, scheduler, tc, total_updates)
+        console.print(f"resuming {run_dir} from {ckpt.name}")
+    engine = engine_for_run(cfg, device)
+    return Setup(policy, tok, method, prompts, report, learner, sampler, engine, seed_pool, start)
+
+
+def open_run_dir(cfg: Config, run_dir: Path, report: dict, main: bool) -> None:
+    """Create the run directory and write its config and data report: only once setup has worked."""
+    with faults.writes(run_dir, run_dir, started=False):
+        run_dir.mkdir(parents=True, exist_ok=True)
+        if main:
+            save_config(cfg, run_dir / "config.yaml")
+            (run_dir / "data_report.json").write_text(json.dumps(report, indent=2))
+
+
+def _use_config_hyperparameters(optimizer, scheduler, tc, total_updates: int) -> None:
+    """A checkpoint restores the optimizer's LR, betas and weight decay as they were saved; the config wins,
+    so `--resume RUN_DIR -o train.lr=...` (the fix for a diverging run) takes effect. The schedule keeps its
+    position: the LR becomes train.lr x schedule(position), exactly what an unchanged config had anyway."""
+    sched = getattr(scheduler, "scheduler", scheduler)  # accelerate wraps the torch scheduler
+    factor = lr_lambda(tc, total_updates)(sched.last_epoch)
+    sched.base_lrs = [tc.lr for _ in optimizer.param_groups]
+    for group in optimizer.param_groups:
+        group.update(initial_lr=tc.lr, lr=tc.lr * factor, betas=tuple(tc.adam_betas), weight_decay=tc.weight_decay)
+
+
+def _seed_pool(cfg: Config, run_dir: Path):
+    from thinkrl.rollout.seeds import SeedPool
+
+    on_disk = cfg.seeds.storage == "disk" or (cfg.seeds.storage == "auto" and cfg.model.lora.rank == 0)
+    return SeedPool(cfg.seeds, run_dir / "seeds", on_disk)
+
+
+def _reference(cfg: Config, model, device):
+    """Context manager factory yielding the reference policy: the base model (LoRA: adapters disabled)."""
+    if cfg.model.lora.rank > 0:
+        return lambda: _adapters_off(model)
+    ref, _ = load_base(cfg.model.name, next(model.parameters()).dtype)
+    ref = ref.to(device).eval().requires_grad_(False)
+    return lambda: contextlib.nullcontext(ref)
+
+
+@contextlib.contextmanager
+def _adapters_off(model):
+    base = model.module if hasattr(model, "module") else model
+    with base.disable_adapter():
+        yield base
