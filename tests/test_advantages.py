@@ -5,7 +5,7 @@ from thinkrl.learner.advantages import compute_advantages
 
 
 def test_grpo_hand_values():
-    # methods.md 1.2: rewards [1,0,0,1]: mean 0.5, sample std sqrt(1/3) = 0.57735 -> +-0.5/0.57735 = +-0.866025
+    # docs/methods.md, advantages: rewards [1,0,0,1]: mean 0.5, sample std sqrt(1/3) = 0.57735 -> +-0.5/0.57735 = +-0.866025
     adv, stats = compute_advantages(torch.tensor([1.0, 0, 0, 1]), 4, "grpo", eps=1e-6)
     assert torch.allclose(adv, torch.tensor([0.866025, -0.866025, -0.866025, 0.866025]), atol=1e-5)
     assert stats["frac_reward_zero_std"] == 0.0

@@ -64,3 +64,69 @@ def test_summarise_two_problems():
 
 def test_ks():
     assert ks(1) == [1] and ks(4) == [1, 2, 4] and ks(6) == [1, 2, 4, 6] and ks(32)[-1] == 32
+
+
+# ---------------------------------------------------------------- maj@n by equivalence (answer classes)
+
+VALUE = {"1/2": 0.5, "0.5": 0.5, "\\frac{1}{2}": 0.5, "7": 7.0, "7.0": 7.0, "x": None}
+
+
+def fake_same(asked):
+    """Equivalence by a lookup table; records every pair it was asked about."""
+
+    def same(pairs):
+        asked.extend(pairs)
+        return [VALUE.get(a) is not None and VALUE.get(a) == VALUE.get(b) for a, b in pairs]
+
+    return same
+
+
+def classify(answers, prior=(), id_="p"):
+    records = [sample(k, a, a in ("1/2", "0.5", "\\frac{1}{2}"), id_=id_) for k, a in enumerate(answers) if k >= len(prior)]
+    asked: list = []
+    from thinkrl.evaluation.metrics import answer_classes
+
+    answer_classes(records, list(prior), fake_same(asked))
+    return records, asked
+
+
+def test_equivalent_answers_vote_together():
+    records, _ = classify(["7", "1/2", "0.5", "\\frac{1}{2}", "7"])
+    assert [r["answer_class"] for r in records] == [0, 1, 1, 1, 0]
+    assert majority_correct(records)  # 1/2 x3 beats 7 x2; by text, '7' (2 votes) would win
+    texts = [{k: v for k, v in r.items() if k != "answer_class"} for r in records]
+    assert not majority_correct(texts)
+
+
+def test_answer_classes_compare_only_what_they_must():
+    # exact duplicates (whitespace aside) and integer pairs need no comparison; no answer, no class
+    records, asked = classify(["1/2", " 1 / 2", None, "", "025", "25", "1/2", "0.5"])
+    assert [r["answer_class"] for r in records] == [0, 0, None, None, 4, 4, 0, 0]
+    # '25' vs '025': two integers, decided here; every answer meets each class formed before it (one round)
+    assert asked == [("025", "1/2"), ("25", "1/2"), ("0.5", "1/2"), ("0.5", "025")]
+    # all different: each answer meets every earlier class once, n(n-1)/2 comparisons in all
+    n = 8
+    records, asked = classify([f"a{k}" for k in range(n)])
+    assert [r["answer_class"] for r in records] == list(range(n)) and len(asked) == n * (n - 1) // 2
+
+
+def test_first_equivalent_class_wins_and_ties_keep_the_rule():
+    records, _ = classify(["x", "1/2", "7", "0.5", "7.0"])  # 'x' is equivalent to nothing
+    assert [r["answer_class"] for r in records] == [0, 1, 2, 1, 2]
+    assert majority_correct(records)  # tie 2-2: class 1 (first seen at sample 1) beats class 2
+    records, _ = classify(["7", "1/2", "7.0", "0.5"])
+    assert not majority_correct(records)  # tie 2-2: '7' first seen at sample 0
+    records, _ = classify([None, None, "7"])
+    assert [r["answer_class"] for r in records] == [None, None, 2] and not majority_correct(records)
+
+
+def test_a_resumed_problem_joins_the_classes_already_written():
+    prior = [dict(sample(0, "7", False), answer_class=0), dict(sample(1, "1/2", True), answer_class=1)]
+    records, asked = classify(["7", "1/2", "0.5", "7.0", "7"], prior)
+    assert [r["sample"] for r in records] == [2, 3, 4] and [r["answer_class"] for r in records] == [1, 0, 0]
+    assert all(r["answer_class"] for r in prior[1:]) and "answer_class" in prior[0]  # prior rows untouched
+
+
+def test_summarise_counts_classes():
+    rows = [dict(sample(k, a, a != "7", id_="q"), answer_class=c) for k, (a, c) in enumerate([("7", 0), ("1/2", 1), ("0.5", 1)])]
+    assert summarise(rows, 3)["maj@3"] == 1.0

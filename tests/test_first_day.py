@@ -64,3 +64,9 @@ def test_thinkrl_config_prints_every_key_with_the_recipe_marked(method):
 def test_methods_help_prints_the_recipe():
     result = CliRunner().invoke(app, ["methods", "ctpo"])
     assert "Recipe (applied by --method NAME" in result.output and "train.mini_batches = 4" in result.output
+
+
+def test_the_step_line_shows_grad_norm_and_zero_std_groups(tiny_model_dir, tmp_path):
+    result = invoke(tiny_args(tiny_model_dir, tmp_path / "run", 1))
+    line = next(x for x in result.output.splitlines() if x.strip().startswith("step    1/1"))
+    assert "grad_norm " in line and "zero-std groups " in line

@@ -1,4 +1,4 @@
-"""The contract every registered method must meet (architecture.md 3.2). Adding a file to
+"""The contract every registered method must meet (thinkrl/methods/__init__.py; docs/methods.md, tokenbatch). Adding a file to
 thinkrl/methods/ is safe because this test runs over all of them. Each method's own hand-worked cases are
 tests/methods/test_<name>.py."""
 

@@ -1,5 +1,5 @@
 """Thinking Seeds outside the loss: the checkpoint pool, seeded rollouts, the config switch and resume
-(thinkrl/rollout/seeds.py). The loss (methods.md 3.5) is tests/methods/test_thinking_seeds.py."""
+(thinkrl/rollout/seeds.py). The loss (docs/methods.md, thinking_seeds) is tests/methods/test_thinking_seeds.py."""
 
 from types import SimpleNamespace
 

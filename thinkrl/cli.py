@@ -154,19 +154,21 @@ def eval_(
 
 
 def _print_table(summaries: list[dict]) -> None:
+    from rich.markup import escape
     from rich.table import Table
 
+    from thinkrl.evaluation.metrics import table_cell, truncation_warning
     from thinkrl.run.console import console
 
     keys = list(dict.fromkeys(k for s in summaries for k in s["metrics"] if not k.endswith(("_low", "_high"))))
-    table = Table(title="thinkrl eval")
+    table = Table(title="thinkrl eval (avg@n [95% interval])")
     for col in ["dataset", "problems", *keys]:
         table.add_column(col, justify="left" if col == "dataset" else "right")
     for s in summaries:
-        m = s["metrics"]
-        cells = [f"{m[k]:.3f}" if k in m and isinstance(m[k], float) else str(m.get(k, "")) for k in keys]
-        table.add_row(Path(s["dataset"]).stem, str(s["problems"]), *cells)
+        table.add_row(Path(s["dataset"]).stem, str(s["problems"]), *(table_cell(s["metrics"], k) for k in keys))
     console.print(table)
+    for line in filter(None, map(truncation_warning, summaries)):  # most answers cut off by the budget
+        console.print(f"[yellow]{escape(line)}[/]")
 
 
 @app.command()
@@ -194,8 +196,13 @@ def plot(
     out: Path = typer.Option(Path("runs.png"), "--out", help="Image file (.png, .pdf or .svg)."),
     smooth: int = typer.Option(1, "--smooth", help="Moving average over N steps (1 = raw)."),
     title: str | None = typer.Option(None, "--title"),
+    metrics: list[str] = typer.Option(
+        [], "--metrics", help="Panels: metrics.jsonl keys or globs, one panel per key, e.g. 'ratio/*' (repeatable or comma-separated)."
+    ),
 ) -> None:
-    """Plot reward, entropy, completion length, clip/mask fractions and eval accuracy against step."""
+    """Plot reward, entropy, completion length, clip/mask fractions and eval accuracy (or --metrics) against step.
+
+    Runs that differ only in train.seed are drawn as their mean with a min-max band."""
     from thinkrl.run.plot import plot_runs
     from thinkrl.run.readers import load_runs
 
@@ -203,7 +210,8 @@ def plot(
         raise UserError("--smooth must be >= 1 (1 = no smoothing)")
     if out.suffix.lower() not in (".png", ".pdf", ".svg", ".jpg", ".jpeg"):
         raise UserError(f"--out {out}: end the name in .png, .pdf, .svg or .jpg (the format follows the suffix)")
-    print(plot_runs(load_runs(runs), out, smooth, title))
+    patterns = [p.strip() for m in metrics for p in m.split(",") if p.strip()]
+    print(plot_runs(load_runs(runs), out, smooth, title, patterns or None))
 
 
 @app.command()
@@ -235,11 +243,11 @@ def show(
     groups: int = typer.Option(2, "--groups", help="How many prompt groups to print (0 = all)."),
     max_chars: int = typer.Option(600, "--max-chars", help="Cut each completion to this many characters (0 = whole)."),
 ) -> None:
-    """Print a step's completions with their rewards and advantages, grouped by prompt."""
+    """Print a step's completions with their rewards, advantages and extracted answers, grouped by prompt."""
     from rich.markup import escape
 
     from thinkrl.run.console import console
-    from thinkrl.run.readers import rollout_groups
+    from thinkrl.run.readers import rollout_answer, rollout_groups
 
     step, found = rollout_groups(run_dir, step)
     console.print(f"[bold]{run_dir}[/] step {step}: {len(found)} groups")
@@ -251,9 +259,11 @@ def show(
             text = r["completion"] if not max_chars or len(r["completion"]) <= max_chars else r["completion"][:max_chars] + " [...]"
             color = "green" if r["score"] > 0 else "red"
             extra = f", prefix {r['prefix_len']} tokens from step {r['seed_step']}" if r.get("prefix_len") else ""
+            answer = rollout_answer(r)
+            shown = "none" if answer is None else escape(answer if len(answer) <= 80 else answer[:80] + " [...]")
             console.print(
                 f"\n[{color}]#{i} reward {r['reward']:+.2f}  advantage {r['advantage']:+.2f}  {r['length']} tokens"
-                f"{' (truncated)' if r['truncated'] else ''}{extra}[/]"
+                f"{' (truncated)' if r['truncated'] else ''}{extra}[/]  answer: {shown}"
             )
             console.print(escape(text))
 

@@ -1,4 +1,4 @@
-"""AIS against the hand-worked cases of methods.md 3.4 and 5, its adaptive alpha and its state."""
+"""AIS against the hand-worked cases in docs/methods.md, ais; its adaptive alpha and its state."""
 
 import math
 

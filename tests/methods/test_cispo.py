@@ -1,4 +1,4 @@
-"""CISPO against the hand-worked sanity cases of methods.md 2.6."""
+"""CISPO against the hand-worked sanity cases in docs/methods.md, cispo."""
 
 import math
 

@@ -1,4 +1,4 @@
-"""CPPO against the hand-worked cases of methods.md 2.11."""
+"""CPPO against the hand-worked cases in docs/methods.md, cppo."""
 
 import pytest
 import torch

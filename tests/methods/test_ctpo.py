@@ -1,4 +1,4 @@
-"""CTPO against the hand-worked sanity cases of methods.md 3.2 (checklist items 1, 4, 7, 13)."""
+"""CTPO against the hand-worked sanity cases in docs/methods.md, ctpo: bounds, cumulative ratio, gradient, reduction to grpo."""
 
 import math
 

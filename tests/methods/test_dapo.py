@@ -1,4 +1,4 @@
-"""DAPO against the hand-worked sanity cases of methods.md 2.4."""
+"""DAPO against the hand-worked sanity cases in docs/methods.md, dapo."""
 
 import math
 

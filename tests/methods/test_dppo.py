@@ -1,4 +1,4 @@
-"""DPPO against the hand-worked cases of methods.md 2.8."""
+"""DPPO against the hand-worked cases in docs/methods.md, dppo."""
 
 import math
 

@@ -1,4 +1,4 @@
-"""Dr.GRPO against the hand-worked sanity cases of methods.md 2.3."""
+"""Dr.GRPO against the hand-worked sanity cases in docs/methods.md, dr_grpo."""
 
 import math
 
@@ -13,7 +13,7 @@ from thinkrl.methods import get_method, method_class
 
 def test_dr_grpo_aggregation_worked_example():
     # A = -1 and r >= 1: l = max(r, clip(r, 0.8, 1.2)) = r, so ratios [1,2] and [3,4,5,6] give exactly the
-    # per-token losses of methods.md 1.4. seq-mean-token-sum-norm, N = 2, L = 8: 21 / 16 = 1.3125.
+    # per-token losses of docs/methods.md, aggregation. seq-mean-token-sum-norm, N = 2, L = 8: 21 / 16 = 1.3125.
     # d l / d logp = r (unclipped branch), so each token's gradient is r / 16.
     r = [[1.0, 2.0, 1.0, 1.0], [3.0, 4.0, 5.0, 6.0]]
     logp, batch = ratio_batch([[math.log(v) for v in row] for row in r], [-1.0, -1.0], mask=[[1, 1, 0, 0], [1, 1, 1, 1]])

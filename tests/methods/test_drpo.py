@@ -1,4 +1,4 @@
-"""DRPO against the hand-worked sanity cases of methods.md 3.6."""
+"""DRPO against the hand-worked sanity cases in docs/methods.md, drpo."""
 
 import math
 

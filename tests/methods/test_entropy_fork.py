@@ -1,4 +1,4 @@
-"""20-Entropy (the 80/20 rule) against the hand-worked cases of methods.md 2.9."""
+"""20-Entropy (the 80/20 rule) against the hand-worked cases in docs/methods.md, entropy_fork."""
 
 import pytest
 import torch

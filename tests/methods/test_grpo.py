@@ -1,4 +1,4 @@
-"""GRPO against the hand-worked cases of methods.md 2.2 (aggregation, 1.4, is in test_common.py)."""
+"""GRPO against the hand-worked cases in docs/methods.md, grpo (aggregation is in test_common.py)."""
 
 import math
 

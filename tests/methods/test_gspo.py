@@ -1,4 +1,4 @@
-"""GSPO against the hand-worked sanity cases of methods.md 2.5."""
+"""GSPO against the hand-worked sanity cases in docs/methods.md, gspo."""
 
 import math
 

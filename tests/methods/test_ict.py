@@ -1,4 +1,4 @@
-"""ICT against the hand-worked sanity cases of methods.md 3.7 (js_divergence is in test_common.py)."""
+"""ICT against the hand-worked sanity cases in docs/methods.md, ict (js_divergence is in test_common.py)."""
 
 import pytest
 import torch

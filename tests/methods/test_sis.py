@@ -1,4 +1,4 @@
-"""SIS against the hand-worked sanity cases of methods.md 3.1."""
+"""SIS against the hand-worked sanity cases in docs/methods.md, sis."""
 
 import math
 

@@ -1,4 +1,4 @@
-"""STAPO against the hand-worked cases of methods.md 2.10."""
+"""STAPO against the hand-worked cases in docs/methods.md, stapo."""
 
 import pytest
 import torch

@@ -1,4 +1,4 @@
-"""STARE against the hand-worked cases of methods.md 3.3, its entropy gate, its controller and its state."""
+"""STARE against the hand-worked cases in docs/methods.md, stare; its entropy gate, its controller and its state."""
 
 import pytest
 import torch

@@ -1,4 +1,4 @@
-"""Thinking Seeds' loss against the hand-worked case of methods.md 3.5 (the pool, seeded rollouts and resume are
+"""Thinking Seeds' loss against the hand-worked case in docs/methods.md, thinking_seeds (the pool, seeded rollouts and resume are
 tests/test_seeds.py)."""
 
 import math
@@ -47,7 +47,7 @@ def test_historical_policy_equal_to_pi_old_is_on_policy():
 
 
 def test_prefix_token_ratio_against_the_historical_policy():
-    # methods.md 3.5: pi_theta = 0.3, pi_h = 0.6 -> r = 0.5; A = +1, eps 0.2: max(-0.5, -0.8) = -0.5, unclipped,
+    # docs/methods.md, thinking_seeds: pi_theta = 0.3, pi_h = 0.6 -> r = 0.5; A = +1, eps 0.2: max(-0.5, -0.8) = -0.5, unclipped,
     # so d l / d log pi = -r A = -0.5. The continuation token (pi_old = pi_theta) has r = 1: l = -1, grad -1.
     # token-mean over 2 tokens: loss = (-0.5 - 1) / 2, grads [-0.25, -0.5]
     logp, batch = batch_with_prefix(

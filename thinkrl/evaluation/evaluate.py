@@ -20,7 +20,7 @@ from thinkrl.config import Config, DataConfig, PromptConfig
 from thinkrl.config.load import load_config
 from thinkrl.data import build_prompts, load_problems
 from thinkrl.errors import UserError
-from thinkrl.evaluation.metrics import summarise
+from thinkrl.evaluation.metrics import answer_classes, summarise
 from thinkrl.evaluation.settings import EvalSettings, check_resume, resolve_settings, versions
 from thinkrl.models import eos_ids, load_base, resolve_dtype, resolve_path
 from thinkrl.rollout.completions import Sampling
@@ -28,6 +28,8 @@ from thinkrl.rollout.engines import Engine, make_engine
 from thinkrl.run.checkpoint import checkpoint_step, find_checkpoint
 from thinkrl.run.console import console, progress
 from thinkrl.run.jsonl import JsonlLog, read_jsonl
+from thinkrl.run.lock import DirLock
+from thinkrl.verifier import same_answers
 
 CHUNK_SLOTS = 4
 
@@ -62,6 +64,13 @@ def load_for_eval(model_arg: str, adapter: str | None, device: torch.device):
 
 
 def eval_dataset(model, tok, s: EvalSettings, data_cfg: DataConfig, out_dir: Path, pool, engine: Engine) -> dict:
+    """Evaluate one dataset into out_dir, holding out_dir's lock (thinkrl/run/lock.py) while writing it: a second
+    eval into the same directory fails in one line naming this one, instead of both appending samples."""
+    with DirLock(out_dir, "evaluation", elsewhere="another --output"):
+        return _eval_dataset(model, tok, s, data_cfg, out_dir, pool, engine)
+
+
+def _eval_dataset(model, tok, s: EvalSettings, data_cfg: DataConfig, out_dir: Path, pool, engine: Engine) -> dict:
     """Generate with `engine`, grade and summarise one dataset into out_dir (resuming what is already there)."""
     loaded = load_problems(replace(data_cfg, name=s.dataset, limit=s.limit), eval_split(s))
     prompt_cfg = PromptConfig(template=s.template, system=s.system, instruction=s.instruction)
@@ -71,7 +80,8 @@ def eval_dataset(model, tok, s: EvalSettings, data_cfg: DataConfig, out_dir: Pat
     check_resume(out_dir, settings)
     (out_dir / "settings.json").write_text(json.dumps(settings, indent=2))
     log = JsonlLog(out_dir / "samples.jsonl")
-    done = {(r["id"], r["sample"]) for r in read_jsonl(log.path)} if log.path.exists() else set()
+    prior = read_jsonl(log.path) if log.path.exists() else []  # a resumed problem's new samples join its answer classes
+    done = {(r["id"], r["sample"]) for r in prior}
     context = getattr(model.config, "max_position_embeddings", None) or 10**9
     too_long = [p for p in prompts if len(p.ids) >= context]  # no room for a single new token: skipped, counted
     if too_long:
@@ -111,6 +121,7 @@ def eval_dataset(model, tok, s: EvalSettings, data_cfg: DataConfig, out_dir: Pat
                             "truncated": bool(comp.truncated[i]),
                         }
                     )
+            answer_classes(records, prior, lambda pairs: same_answers(pool, pairs))  # maj@n's votes, in the pool
             log.write(records)
             new_tokens += int(comp.lengths.sum())
             correct, graded = correct + sum(r["correct"] for r in records), graded + len(records)

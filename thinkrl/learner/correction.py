@@ -2,7 +2,7 @@
 
 rho_t = pi_old(y_t) / mu(y_t): how much more likely the trainer's policy finds the token than the sampler
 that drew it did (they differ when the sampler runs at another precision, is stale, or is a historical
-checkpoint). methods.md 2.7:
+checkpoint). See docs/methods.md, correction:
     tis  w = min(rho, c_max)                            truncated importance weight
     mis  w = rho * [c_min <= rho <= c_max]              outliers masked out
 At sequence level rho_i = exp(sum_t log rho_it), one weight for all of the sequence's tokens. The weights

@@ -1,10 +1,10 @@
 """AIS: Adaptive Importance Sampling for quantized rollouts.
 
 Paper: "AIS: Adaptive Importance Sampling for Quantized RL", arXiv 2605.13907 (J. Zhou et al.).
-Confidence: INTERPRETATION (methods.md 3.4 and 5). Only the abstract could be read: the three diagnostic
+Confidence: INTERPRETATION (docs/methods.md, ais). Only the abstract could be read: the three diagnostic
 names (weight reliability, divergence severity, variance amplification) and the interpolation between the
 uncorrected and the importance-weighted gradient are EXACT-PAPER; every formula and constant below is the
-spec's reading of them, not the published equations.
+project's reading of them, not the published equations.
 
 FP8 rollouts with a higher-precision trainer make the sampler mu differ from the trainer's pi_old. Early on
 the mismatch acts as exploration; later it is bias. Once per step AIS measures the mismatch of the whole
@@ -25,7 +25,7 @@ rollout batch and picks how much importance correction to apply. Objective (mini
 The gradient is linear in w, so this is (1 - alpha) g_uncorrected + alpha g_TIS: alpha = 0 is grpo, alpha = 1
 token-level TIS with C = cap. Small mismatch -> small K -> alpha near 0 (the exploration bonus is kept);
 large mismatch with reliable weights -> alpha near 1; heavy-tailed weights -> alpha shrinks.
-Defaults (methods.md 5, suggested): cap 2, kappa 0.05, safe_cap 10, no EMA (0.9 when on), token-level R;
+Defaults (suggested, not published): cap 2, kappa 0.05, safe_cap 10, no EMA (0.9 when on), token-level R;
 host grpo clip 0.2 / 0.2, no dual clip, seq-mean-token-mean.
 Relative to grpo: the per-step alpha and the detached weight w_t on every token.
 
@@ -35,8 +35,8 @@ diagnostic), alpha_batch (this batch's clip(S R P)), alpha (what the loss uses),
 (of the uncapped rho) and rho_above_cap (fraction of rho > cap).
 
 INTERPRETATION choices made here: before the first begin_step alpha = 0 (uncorrected), unless `alpha` is
-forced; `level: sequence` computes R and cv over per-sequence weights exp(mean_t log rho_t) (methods.md 5
-item 2, for when token-level ESS sits too close to 1), while K, V and the loss weights stay per token;
+forced; `level: sequence` computes R and cv over per-sequence weights exp(mean_t log rho_t) (for
+when token-level ESS sits too close to 1), while K, V and the loss weights stay per token;
 with train.old_policy = sampler pi_old is mu, rho = 1 and AIS is grpo. Use it with correction.mode none:
 the trainer's TIS/MIS weights would multiply on top of w_t.
 """

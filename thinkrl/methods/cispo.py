@@ -2,7 +2,7 @@
 
 Paper: "MiniMax-M1: Scaling Test-Time Compute Efficiently with Lightning Attention", arXiv 2506.13585.
 Exact-from-code reference: verl `compute_policy_loss_cispo`, TRL loss_type `cispo`.
-Confidence: EXACT-CODE (methods.md 2.6).
+Confidence: EXACT-CODE (docs/methods.md, cispo).
 
 Objective (minimised), per token t of completion i with group-normalised advantage A_i:
 
@@ -22,7 +22,7 @@ not dropped tokens. No KL, no dual clip.
 
 Defaults (the verl example): clip_low 10 (lower bound 1 - 10 < 0, i.e. no lower bound, as in the paper),
 clip_high 0.2, i.e. weight cap 1.2; token-mean; group-normalised advantages. Parameterisations differ
-(methods.md 2.6):
+(docs/methods.md, cispo):
 - paper: no lower bound, only the upper epsilon tuned (clip_low >= 1 here);
 - verl example: clip_ratio_low=10, clip_ratio_high=0.2 -> cap 1.2 (these defaults);
 - TRL: epsilon_high is an absolute cap on the weight, e.g. 5.0 in the ScaleRL recipe; the same here is

@@ -24,7 +24,7 @@ mu = the sampler's log-probs (anchor=behav; old = pi_old, UniRL's "replay" ablat
 
 Relative to grpo: ratio against mu; the clip is replaced by the budgeted divergence mask; the kept tokens use
 the plain IS surrogate -A r. All statistics are per sequence, so micro-batching along B changes nothing.
-Confidence: EXACT-CODE (methods.md 2.11).
+Confidence: EXACT-CODE (docs/methods.md, cppo).
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ GRPO advantages (with std), token-mean, sequence-level TIS with C = 5 in the pap
 Relative to grpo: the ratio of token t is the cumulative prefix ratio (prefix detached), the clip window
 depends on the token's position, and a position-dependent dual clip caps A < 0 tokens. With all ratios 1
 (one update per rollout) it is exactly GRPO with token-mean.
-Confidence: EXACT-CODE (methods.md 3.2) for cumprod with log_position bounds and the non-LA ratio modes.
+Confidence: EXACT-CODE (docs/methods.md, ctpo) for cumprod with log_position bounds and the non-LA ratio modes.
 Interpretation: geomean keeps the current-token gradient coefficient 1 (as GSPO-token does) rather than 1/n_t.
 """
 
@@ -114,7 +114,8 @@ def log_bounds(n: Tensor, cfg: Config) -> tuple[Tensor, Tensor, Tensor | None]:
 class CTPO(Method[Config]):
     """Cumulative prefix importance ratio (gradient through the current token) with sqrt(position) log-space clip."""
 
-    # ctpo.sh: 4 mini-batches per rollout, sequence-level TIS with C = 5
+    # the paper's regime scaled to one machine (its ctpo.sh: 512 prompts x 8 in mini-batches of 32): several updates
+    # per rollout, here 2 prompts x 16 in 4 mini-batches of 8, so pi drifts from pi_old; sequence-level TIS with C = 5
     recipe = {
         "rollout.group_size": 16,
         "train.mini_batches": 4,

@@ -2,7 +2,7 @@
 
 Paper: "DAPO: An Open-Source LLM Reinforcement Learning System at Scale", arXiv 2503.14476.
 Exact-from-code reference: verl `docs/algo/dapo.md` (vanilla policy loss), TRL loss_type `dapo`.
-Confidence: EXACT-CODE (methods.md 2.4).
+Confidence: EXACT-CODE (docs/methods.md, dapo).
 
 Objective (minimised), per token t of completion i with group-normalised advantage A_i:
 

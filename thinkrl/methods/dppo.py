@@ -27,7 +27,7 @@ The Top-K variant (divergence over the top-K vocabulary entries) is not implemen
 
 Relative to grpo: the ratio is taken against mu, not pi_old; the clip is replaced by a divergence mask; the
 surviving tokens get a detached truncated ratio times log pi (CISPO-like) instead of the clipped surrogate.
-Confidence: EXACT-CODE (methods.md 2.8).
+Confidence: EXACT-CODE (docs/methods.md, dppo).
 """
 
 from __future__ import annotations

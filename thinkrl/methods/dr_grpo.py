@@ -2,7 +2,7 @@
 
 Paper: "Understanding R1-Zero-Like Training: A Critical Perspective", arXiv 2503.20783.
 Exact-from-code reference: TRL loss_type `dr_grpo`; verl `loss_agg_mode=seq-mean-token-sum-norm` with
-`norm_adv_by_std_in_grpo=False`. Confidence: EXACT-CODE (methods.md 2.3).
+`norm_adv_by_std_in_grpo=False`. Confidence: EXACT-CODE (docs/methods.md, dr_grpo).
 
 Objective (minimised), per token t of completion i, over the N completions of the update batch:
 

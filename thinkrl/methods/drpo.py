@@ -28,7 +28,7 @@ equal the one the log-probs are computed at (thinkrl uses rollout.temperature fo
 
 Relative to grpo: the ratio is taken against mu, not pi_old; there is no clip, every token keeps a
 gradient, scaled by the bounded weight w_t instead of being cut to zero outside a window.
-Confidence: EXACT-CODE + EXACT-PAPER (methods.md 3.6) for anchor=behav; anchor=old (pi_old, UniRL's
+Confidence: EXACT-CODE + EXACT-PAPER (docs/methods.md, drpo) for anchor=behav; anchor=old (pi_old, UniRL's
 "replay" ablation) is offered as an option, as for cppo.
 """
 

@@ -14,7 +14,7 @@ restricting the DAPO policy gradient to them matches or beats training on every 
 H_t is the entropy of pi_theta's next-token distribution from the current forward pass, detached (TRL).
 Defaults: rho 0.2; DAPO's clip 0.2 / 0.28; token-mean; group-normalised advantages. rho = 1 is exactly DAPO.
 
-Relative to grpo: clip-higher (0.28), token-mean, and the entropy mask. Confidence: EXACT-CODE (methods.md 2.9).
+Relative to grpo: clip-higher (0.28), token-mean, and the entropy mask. Confidence: EXACT-CODE (docs/methods.md, entropy_fork).
 
 The quantile is a statistic of the batch: it is taken over the tensor batch this loss is called with. Were a
 mini-batch split into micro-batches, each would get its own threshold and the micro-batch losses would not

@@ -2,7 +2,7 @@
 
 Paper: "Group Sequence Policy Optimization", arXiv 2507.18071.
 Exact-from-code reference: verl `compute_policy_loss_gspo`; TRL `importance_sampling_level="sequence"`.
-Confidence: EXACT-CODE (methods.md 2.5).
+Confidence: EXACT-CODE (docs/methods.md, gspo).
 
 Objective (minimised), per token t of completion i with group-normalised advantage A_i:
 

@@ -1,7 +1,7 @@
 """ICT: Independent Combinatorial Tokens, the GRPO surrogate on the tokens with the most distinctive distributions.
 
 Paper: "Beyond Entropy: Learning from Token-Level Distributional Deviations for LLM Reasoning" (X. Feng et al.),
-arXiv 2606.19771. Only the abstract could be read; everything below is methods.md 3.7's reading of it.
+arXiv 2606.19771. Only the abstract could be read; everything below is this project's reading of it (docs/methods.md, ict).
 
 Instead of ranking tokens by one number of their next-token distribution (entropy, as the 80/20 rule does),
 ICT compares whole distributions: the Jensen-Shannon divergence of each position's distribution to a reference
@@ -30,10 +30,10 @@ sets `batch_statistics` and the trainer passes a whole mini-batch in one call.
 Relative to grpo: token-mean aggregation, and the policy gradient only on the selected tokens; needs token_js
 and the sampled ids (`requires`).
 
-Confidence (methods.md 3.7): INTERPRETATION throughout (abstract only): the batch-mean reference (the
+Confidence (docs/methods.md, ict): INTERPRETATION throughout (abstract only): the batch-mean reference (the
 per-response mean and the reference model's distribution are alternatives; the first is `reference`), the
 de-duplication of "unique tokens" by id with a mean score (unit=position is the other reading), pi_old as
-the distribution (methods.md says "current policy, detached"; pi_old is its value before the first update),
+the distribution (the current policy, detached, is the other reading; pi_old is its value before the first update),
 token-mean, the tie rule.
 """
 

@@ -1,7 +1,7 @@
 """SIS: Selective Importance Sampling, a plug-in for the ratio of GRPO, DAPO or GSPO.
 
 Paper: "Turning Off-Policy Tokens On-Policy: A Plug-in Approach for Improving LLM Alignment" (Yu Li et al.),
-arXiv 2607.04728. No official code was found; this follows Algorithm 1 as read in methods.md 3.1.
+arXiv 2607.04728. No official code was found; this follows Algorithm 1 as read in docs/methods.md, sis.
 
 The policy that produced the rollout (pi_old) is a proposal and the current policy pi_theta the target. A
 per-token rejection test with a top-K envelope decides which tokens are already distributed as pi_theta; those
@@ -34,7 +34,7 @@ Relative to grpo: the ratio of tokens that pass the rejection test is replaced b
 they are never clipped; needs the proposal's top-K ids and log-probs and pi_theta's log-probs at those ids
 (`requires`), the sampled ids, and random numbers (batch.generator, else the global torch RNG).
 
-Confidence (methods.md 3.1): SECONDARY, close to the paper, for Algorithm 1 (top-K envelope, Bernoulli(w/M),
+Confidence (docs/methods.md, sis): SECONDARY, close to the paper, for Algorithm 1 (top-K envelope, Bernoulli(w/M),
 accept -> 1, reject -> w). INTERPRETATION: the gradient-carrying 1 (a constant 1 would kill the accepted
 tokens' gradient); a fresh u at every loss call (pi_theta changes between mini-batch updates); M_t is taken
 as max(M_t, w_t) so that w/M <= 1 even when logp and topk_logp come from different passes; top-K entries
@@ -80,7 +80,7 @@ class RejectionTest(NamedTuple):
 
 @torch.no_grad()
 def rejection_test(batch: TokenBatch) -> RejectionTest:
-    """Draw the SIS test for every token of `batch` (methods.md 3.1 steps 1-4)."""
+    """Draw the SIS rejection test z_t for every token of `batch` (docs/methods.md, sis)."""
     ids, topk_ids, topk_old, topk_new = batch.token_ids, batch.topk_ids, batch.topk_old_logp, batch.topk_logp
     if ids is None or topk_ids is None or topk_old is None or topk_new is None:
         missing = [n for n in ("token_ids", "topk_ids", "topk_old_logp", "topk_logp") if getattr(batch, n) is None]

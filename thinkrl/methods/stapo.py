@@ -15,7 +15,7 @@ them and renormalises the loss over the remaining tokens. Objective (minimised),
 H_t is the entropy of pi_theta's next-token distribution (detached). Defaults: tau_p 0.01, entropy_quantile
 0.05, clip 0.2 on both sides, group-normalised advantages. With no spurious token this is grpo with
 token-mean aggregation. Relative to grpo: token-mean over the non-silenced tokens, and the silencing mask.
-Confidence: SECONDARY (methods.md 2.10): the abstract confirms the three criteria and the renormalisation;
+Confidence: SECONDARY (docs/methods.md, stapo): the abstract confirms the three criteria and the renormalisation;
 the thresholds tau_p and tau_h are unverified against the paper.
 
 Batch statistics and micro-batches. tau_h is a quantile of the tensor batch this loss is called with, so

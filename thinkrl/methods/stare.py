@@ -2,7 +2,7 @@
 
 Paper: "STARE: Surprisal-Guided Token-Level Advantage Reweighting for Policy Entropy Stability", arXiv 2606.19236.
 Reference code: hp-luo/STARE (`STAREController`, `compute_stare_token_weights`, `compute_policy_loss_stare`).
-Confidence: EXACT-CODE (methods.md 3.3).
+Confidence: EXACT-CODE (docs/methods.md, stare).
 
 To first order a token's entropy change is its advantage times an entropy-sensitivity term: positive-advantage
 high-surprisal tokens push the policy entropy up. While the batch entropy is below a target, STARE multiplies

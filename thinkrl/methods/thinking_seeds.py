@@ -1,7 +1,7 @@
 """Thinking Seeds: position-aware importance ratios for completions that start from a historical prefix.
 
 Paper: "Thinking Seeds: Leveraging Historical Diversity for Position-Aware RL in LLMs" (v1: "SOUP: Token-level
-Single-sample Mix-policy RL for LLMs"), arXiv 2601.21476. Only the abstract is public (methods.md 3.5, 4).
+Single-sample Mix-policy RL for LLMs"), arXiv 2601.21476. Only the abstract is public (docs/methods.md, thinking_seeds).
 
 Some completions of each group begin with a prefix written by one of the model's own earlier checkpoints
 pi_h (thinkrl/rollout/seeds.py, `seeds.enabled`); the current policy writes the rest. Each token is corrected against
@@ -19,7 +19,7 @@ prefix (L = 0 everywhere) it is exactly the host loss with token-mean; with pi_h
 Relative to grpo: the ratio of prefix tokens is taken against the historical policy, optionally capped,
 and the loss is token-mean.
 
-Confidence (methods.md 3.5): INTERPRETATION throughout except that prefixes come from the model's own
+Confidence (docs/methods.md, thinking_seeds): INTERPRETATION throughout except that prefixes come from the model's own
 historical checkpoints, continuations are on-policy, and ratios are token-level (EXACT-PAPER, abstract).
 The cap and the host settings are this project's choices, as are the rollout defaults in thinkrl/rollout/seeds.py.
 """

@@ -1,7 +1,7 @@
 """Thinking Seeds: completions that start from a prefix written by one of the model's own earlier checkpoints.
 
 Paper: "Thinking Seeds: Leveraging Historical Diversity for Position-Aware RL in LLMs", arXiv 2601.21476 (v1:
-"SOUP"). Only the abstract is public; the rollout rule below is methods.md section 4, all INTERPRETATION
+"SOUP"). Only the abstract is public; the rollout rule below (docs/methods.md, thinking_seeds) is all INTERPRETATION
 except that prefixes come from the model's own historical checkpoints and continuations are on-policy.
 
     pool      every seeds.every steps the current trainable weights join a FIFO of seeds.pool_size entries

@@ -3,9 +3,10 @@
 
 from __future__ import annotations
 
+import json
 import math
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
@@ -20,6 +21,7 @@ class Run:
     label: str  # the method, plus the directory name when two runs share a method
     method: str
     metrics: list[dict]
+    config: dict = field(default_factory=dict)  # config.yaml as written ({} without one)
 
     def series(self, key: str) -> tuple[list[int], list[float]]:
         """(steps, values) of one metric, skipping steps without a finite number for it."""
@@ -40,12 +42,64 @@ def load_runs(paths: list[Path]) -> list[Run]:
         metrics = read_jsonl(path / "metrics.jsonl")
         if not metrics:
             raise UserError(f"{path}/metrics.jsonl is empty: the run has not finished a step yet")
-        runs.append(Run(path, method, method, metrics))
-    counts = Counter(r.method for r in runs)
+        runs.append(Run(path, method, method, metrics, config or {}))
+    # distinct labels: the method, then its directory's name, its path, and last a number (one path twice)
+    for name in (lambda r: f"{r.method} ({r.path.name})", lambda r: f"{r.method} ({r.path})"):
+        counts = Counter(r.label for r in runs)
+        for r in runs:
+            if counts[r.label] > 1:
+                r.label = name(r)
+    counts, seen = Counter(r.label for r in runs), Counter()
     for r in runs:
-        if counts[r.method] > 1:
-            r.label = f"{r.method} ({r.path.name})"
+        if counts[r.label] > 1:
+            seen[r.label] += 1
+            r.label = f"{r.label} #{seen[r.label]}"
     return runs
+
+
+def _flat(config: dict, prefix: str = "") -> dict[str, object]:
+    """{'train': {'seed': 1}} -> {'train.seed': 1}."""
+    out: dict[str, object] = {}
+    for k, v in config.items():
+        if isinstance(v, dict) and v:
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def _settings(run: Run) -> dict[str, object]:
+    """A run's config without what differs between repeats of one experiment: train.seed and output_dir."""
+    return {k: v for k, v in _flat(run.config).items() if k not in ("train.seed", "output_dir")}
+
+
+def seed_groups(runs: list[Run]) -> list[tuple[str, list[Run]]]:
+    """(label, runs) per line of a plot, in the order given. Runs whose config.yaml differ only in train.seed
+    (and output_dir), two or more with distinct seeds, form one group, labelled with the method and the number
+    of seeds (plus the settings that tell it from another group of the same method); every other run is
+    its own group, with its own label."""
+    by_settings: dict[str, list[Run]] = {}
+    for r in runs:
+        key = json.dumps(_settings(r), sort_keys=True, default=str) if r.config else str(id(r))
+        by_settings.setdefault(key, []).append(r)
+    groups = []
+    for members in by_settings.values():
+        seeds = [_flat(r.config).get("train.seed") for r in members]
+        if len(members) > 1 and len(set(map(str, seeds))) == len(members):
+            groups.append(members)
+        else:
+            groups += [[r] for r in members]
+    groups.sort(key=lambda g: runs.index(g[0]))
+    base = [g[0].label if len(g) == 1 else f"{g[0].method} ({len(g)} seeds: mean, min-max band)" for g in groups]
+    labels = list(base)
+    for i, g in enumerate(groups):
+        same = [h for j, h in enumerate(groups) if len(h) > 1 and base[j] == base[i]]
+        if len(g) > 1 and len(same) > 1:  # two seed groups of one method: name what differs
+            flats = [_settings(h[0]) for h in same]
+            mine = _settings(g[0])
+            differ = [k for k in dict.fromkeys(k for f in flats for k in f) if len({str(f.get(k)) for f in flats}) > 1]
+            labels[i] = labels[i].replace(" (", " " + ", ".join(f"{k}={mine.get(k)}" for k in differ[:3]) + " (", 1)
+    return list(zip(labels, groups))
 
 
 def eval_keys(run: Run) -> list[str]:
@@ -107,6 +161,15 @@ def rollout_groups(path: Path, step: int | None) -> tuple[int, list[list[dict]]]
         if r["step"] == step:
             groups.setdefault(str(r["prompt_id"]), []).append(r)
     return step, list(groups.values())
+
+
+def rollout_answer(row: dict) -> str | None:
+    """A logged completion's final answer: the content of its last \\boxed{} (thinkrl.verifier.extract_boxed, a
+    linear scan that parses nothing: the text is model output). The verifier's unboxed fallback, math-verify's
+    extraction from the completion's tail, is not redone here (it runs only in the verifier's workers)."""
+    from thinkrl.verifier import extract_boxed
+
+    return row["extracted"] if "extracted" in row else extract_boxed(row["completion"])
 
 
 def _ranges(steps: list[int]) -> str:
