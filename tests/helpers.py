@@ -31,3 +31,24 @@ def even_answers_solved(completion: str, answer: str):
     if int(answer) % 2 == 0:
         return 1.0, None
     return length_reward(completion, answer)
+
+
+# reward functions for reward.functions (tests/test_rewards.py): (completion, answer) -> a number
+
+
+def distinct_chars(completion: str, answer: str) -> float:
+    """Varied values for any model: the share of 20 distinct characters the completion uses."""
+    return min(len(set(completion)), 20) / 20
+
+
+def sleepy_reward(completion: str, answer: str) -> float:
+    if completion == "sleep":
+        time.sleep(60)
+    return 0.5
+
+
+def odd_reward(completion: str, answer: str):
+    """A reward function with bugs: a string for "text", NaN for "nan", an exception for "raise"."""
+    if completion == "raise":
+        raise KeyError(completion)
+    return {"text": "high", "nan": float("nan")}.get(completion, 1.0)

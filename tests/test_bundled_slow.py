@@ -27,8 +27,8 @@ def test_train_two_steps_then_eval_the_run(tmp_path):
     assert all(m["length/mean"] > 0 and m["time/generate"] > 0 for m in metrics)
     assert (out / "config.yaml").is_file() and read_jsonl(out / "rollouts.jsonl")
     invoke(["eval", "--model", str(out), "--limit", "4", "--max-new-tokens", "16"])
-    summary = json.loads((out / "eval" / "arith" / "summary.json").read_text())
-    assert summary["problems"] == 4
+    summary = json.loads((out / "eval" / "step-2" / "arith" / "summary.json").read_text())  # RUN_DIR/eval/step-N/<dataset>
+    assert summary["problems"] == 4 and summary["settings"]["checkpoint_step"] == 2
 
 
 def test_resume_matches_an_uninterrupted_run(tmp_path):

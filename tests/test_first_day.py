@@ -2,23 +2,46 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 from test_cli_e2e import invoke, tiny_args
 from test_faults import error_line, run_cli
 from typer.testing import CliRunner
 
+from thinkrl import setup
 from thinkrl.cli import app
 
 
-def test_a_missing_dataset_fails_fast_and_leaves_no_run_directory(tiny_model_dir, tmp_path, capsys):
+@pytest.fixture
+def no_model(monkeypatch):
+    """Loading the model is an error: what the test checks must fail before it."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the model was loaded before the mistake was found")
+
+    monkeypatch.setattr(setup, "load_policy", refuse)
+
+
+def test_a_missing_dataset_fails_before_the_model_loads_and_leaves_no_run_directory(tiny_model_dir, tmp_path, capsys, no_model):
     out = tmp_path / "run"
-    t0 = time.perf_counter()
     code, err = run_cli(tiny_args(tiny_model_dir, out, 2, "--dataset", str(tmp_path / "nope.jsonl")), capsys)
     assert code == 2 and "dataset file not found" in error_line(err)
-    assert time.perf_counter() - t0 < 3.0  # checked before any model loads
     assert not out.exists() and not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize(
+    "function, message",
+    [
+        ("no_such_module:f", "reward.functions bad: function"),
+        ("thinkrl.rewards:format_boxed", "cannot be called as fn(completion, answer, width=...)"),
+    ],
+)
+def test_a_bad_reward_function_fails_before_the_model_loads(tiny_model_dir, tmp_path, capsys, no_model, function, message):
+    out = tmp_path / "run"
+    options = ", options: {width: 3}" if "format_boxed" in function else ""
+    bad = f"[{{name: bad, function: '{function}', weight: 1{options}}}]"
+    code, err = run_cli(tiny_args(tiny_model_dir, out, 2, "-o", f"reward.functions={bad}"), capsys)
+    assert code == 2 and message in error_line(err), err
+    assert not out.exists()
 
 
 def test_a_bad_model_leaves_no_run_directory(tmp_path, capsys):

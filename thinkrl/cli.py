@@ -40,7 +40,7 @@ def train(
     method: str | None = typer.Option(None, "--method", "-m", help="Policy-loss method (see `thinkrl methods`)."),
     model: str | None = typer.Option(None, "--model", help="Hub id, local path, or alias smollm2-135m."),
     dataset: str | None = typer.Option(None, "--dataset", help="arith, an alias, a hub id or a .jsonl/.parquet/.csv file."),
-    output_dir: Path | None = typer.Option(None, "--output-dir", "-O", help="Run directory (default runs/<time>-<method>)."),
+    output_dir: Path | None = typer.Option(None, "--output-dir", "-O", help="Run directory (default runs/<time>-<random>-<method>)."),
     override: list[str] = typer.Option([], "--override", "-o", help="key=value, e.g. -o train.lr=1e-4 (repeatable)."),
     resume: Path | None = typer.Option(None, "--resume", help="Continue RUN_DIR from its newest complete checkpoint."),
     plugins: Path | None = typer.Option(None, "--plugins", help="Directory of extra method files."),

@@ -26,10 +26,12 @@ from thinkrl.learner.logprobs import PolicyLogProbs
 from thinkrl.learner.update import UpdateContext
 from thinkrl.methods import Method, get_method
 from thinkrl.models import load_base, load_policy, load_tokenizer, parameter_counts, resolve_path
+from thinkrl.rewards import RewardSet
 from thinkrl.rollout.engines import Engine, engine_for_run
 from thinkrl.rollout.policy_copy import PolicySampler
 from thinkrl.run import checkpoint, faults
 from thinkrl.run.console import console
+from thinkrl.run.lock import DirLock
 
 
 @dataclass
@@ -44,6 +46,7 @@ class Setup:
     engine: Engine
     seed_pool: Any  # thinkrl.rollout.seeds.SeedPool or None
     start: int  # steps already done (resume)
+    rewards: RewardSet  # reward.functions, imported and checked
 
 
 def lr_lambda(cfg, total: int):
@@ -81,11 +84,12 @@ def check_writable(run_dir: Path) -> None:
 
 
 def prepare(cfg: Config, accelerator, run_dir: Path, ckpt: Path | None) -> Setup:
-    """Data first (cheap, and the usual mistakes), then model, method, optimizer, sampler and engine."""
+    """Data and reward functions first (cheap, and the usual mistakes), then model, method, optimizer, sampler and engine."""
     from thinkrl.train import seed_step  # the loop's reseeding rule: LoRA init is part of the run's seed
 
     tok = load_tokenizer(resolve_path(cfg.model.name))
     prompts, report = prepare_data(cfg, tok)
+    rewards = RewardSet(cfg.reward.functions)  # a reward function that cannot be imported or called fails here
     device = accelerator.device
     seed_step(cfg.train.seed, 0, device)
     policy, tok = load_policy(cfg.model, device, cfg.train.gradient_checkpointing)
@@ -110,13 +114,19 @@ def prepare(cfg: Config, accelerator, run_dir: Path, ckpt: Path | None) -> Setup
         _use_config_hyperparameters(optimizer, scheduler, tc, total_updates)
         console.print(f"resuming {run_dir} from {ckpt.name}")
     engine = engine_for_run(cfg, device)
-    return Setup(policy, tok, method, prompts, report, learner, sampler, engine, seed_pool, start)
+    return Setup(policy, tok, method, prompts, report, learner, sampler, engine, seed_pool, start, rewards)
 
 
-def open_run_dir(cfg: Config, run_dir: Path, report: dict, main: bool) -> None:
-    """Create the run directory and write its config and data report: only once setup has worked."""
+def open_run_dir(cfg: Config, run_dir: Path, report: dict, main: bool, locks: contextlib.ExitStack | None = None) -> None:
+    """Create the run directory and write its config and data report: only once setup has worked. With
+    `locks` (rank 0 of a run whose directory did not exist at start) the directory's lock is taken into it
+    first (thinkrl/run/lock.py), and a run another process made there meanwhile is refused, not overwritten."""
     with faults.writes(run_dir, run_dir, started=False):
         run_dir.mkdir(parents=True, exist_ok=True)
+        if locks is not None:
+            locks.enter_context(DirLock(run_dir, "training run"))
+            if (run_dir / "metrics.jsonl").exists():
+                raise UserError(f"{run_dir} was made a run directory by another process while this one set up; pick a new --output-dir")
         if main:
             save_config(cfg, run_dir / "config.yaml")
             (run_dir / "data_report.json").write_text(json.dumps(report, indent=2))

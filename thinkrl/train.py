@@ -11,7 +11,8 @@ Run:  thinkrl train                      (bundled SmolLM2-135M-Instruct, built-i
 Failures end the run with one line (a UserError, exit 2) that says what to change, and never cost the last
 complete checkpoint: train.max_nonfinite_steps steps in a row of NaN/inf updates (checkpoint, then stop), a
 failed write (disk full, unwritable --output-dir), GPU out of memory (nothing new saved). SIGINT/SIGTERM
-finish the step, checkpoint, and print the resume command (exit 0).
+finish the step, checkpoint, and print the resume command (exit 0). One process at a time uses a run
+directory: a second one (a resume of a running run) fails in one line naming the first (thinkrl/run/lock.py).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from thinkrl.learner.batching import RolloutBatch
 from thinkrl.learner.update import update
 from thinkrl.models import eos_ids
 from thinkrl.rollout.collect import RolloutContext, collect
-from thinkrl.run import checkpoint, faults, records, trackers
+from thinkrl.run import checkpoint, faults, lock, records, trackers
 from thinkrl.run.console import console, progress, step_line
 from thinkrl.run.jsonl import JsonlLog
 from thinkrl.verifier import load_grader
@@ -50,13 +51,19 @@ def seed_step(seed: int, step: int, device: torch.device, rank: int = 0) -> torc
 
 
 def train(cfg: Config, resume: bool = False) -> Path:
+    with contextlib.ExitStack() as held:  # the run directory's lock (thinkrl/run/lock.py), released however the run ends
+        return _train(cfg, resume, held)
+
+
+def _train(cfg: Config, resume: bool, held: contextlib.ExitStack) -> Path:
     from accelerate import Accelerator
 
     cfg = resolve(cfg)
-    run_dir = Path(cfg.output_dir)
     # several processes (torchrun / accelerate launch): Accelerate sets up the process group and wraps the
     # model; thinkrl/distributed.py says which prompts are this rank's; only rank 0 writes
-    accelerator = Accelerator(cpu=not torch.cuda.is_available(), **trackers.accelerator_kwargs(cfg.log, run_dir))
+    accelerator = Accelerator(cpu=not torch.cuda.is_available(), **trackers.accelerator_kwargs(cfg.log, Path(cfg.output_dir)))
+    cfg.output_dir = distributed.all_gather(cfg.output_dir)[0]  # a default name is made per process: every rank takes rank 0's
+    run_dir = Path(cfg.output_dir)
     rank, world = distributed.world()
     main = rank == 0
     console.quiet = not main
@@ -69,6 +76,10 @@ def train(cfg: Config, resume: bool = False) -> Path:
             f"rollout.prompts_per_step={cfg.rollout.prompts_per_step} must be a multiple of the {world} processes "
             "(each takes whole groups); change it or the process count"
         )
+    locked = main and run_dir.is_dir()  # rank 0 locks a directory that exists before reading its checkpoint,
+    if locked:  # and a new one as soon as setup has worked and created it (setup.open_run_dir)
+        with faults.writes(run_dir / lock.NAME, run_dir, started=False):
+            held.enter_context(lock.DirLock(run_dir, "training run"))
     ckpt = checkpoint.latest(run_dir) if resume else None
     if resume and ckpt is None:
         console.print(f"no complete checkpoint in {run_dir}: starting from step 0")
@@ -80,7 +91,7 @@ def train(cfg: Config, resume: bool = False) -> Path:
     s = setup.prepare(cfg, accelerator, run_dir, ckpt)
     policy, tok, method, learner, sampler, engine, seed_pool = s.policy, s.tok, s.method, s.learner, s.sampler, s.engine, s.seed_pool
     accelerator.wait_for_everyone()  # every rank has set up before rank 0 writes anything
-    setup.open_run_dir(cfg, run_dir, s.data_report, main)
+    setup.open_run_dir(cfg, run_dir, s.data_report, main, held if main and not locked else None)
     trackers.start(accelerator, cfg)
     tc, rc, device, start = cfg.train, cfg.rollout, accelerator.device, s.start
     estimator = method.advantage if cfg.advantage.estimator == "auto" else cfg.advantage.estimator
@@ -112,7 +123,9 @@ def train(cfg: Config, resume: bool = False) -> Path:
         ):
             task = bar.add_task(cfg.method.name, total=tc.steps, completed=start, info="")
             eos, recorded = eos_ids(policy, tok), _sampler_records(method, cfg)
-            rollout = RolloutContext(cfg, engine, sampler, tok, pool, eos, tok.pad_token_id, **recorded, seed_pool=seed_pool)
+            rollout = RolloutContext(
+                cfg, engine, sampler, tok, pool, eos, tok.pad_token_id, **recorded, seed_pool=seed_pool, rewards=s.rewards
+            )
             prompts = s.prompts
             for step in range(start, tc.steps):
                 t0 = time.perf_counter()

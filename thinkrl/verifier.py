@@ -78,8 +78,18 @@ def score(completion: str, answer: str) -> float:
     return grade(completion, answer)[0]
 
 
-def load_grader(spec: str):
-    """'module:function' -> the function (imported here and, by reference, in each worker)."""
+def same_answers(pool: VerifierPool, pairs: list[tuple[str, str]]) -> list[bool]:
+    """For maj@n (thinkrl/evaluation/metrics.py): is each (answer, class's first answer) pair equivalent by the
+    verifier's own comparison? Decided in the pool's workers, under their time and memory limits: the answer is
+    graded as the completion \\boxed{answer} with the class's first answer as the gold. A pair that runs past
+    the limit (or crashes a worker) counts as different."""
+    scores, _, _ = pool.grade(["\\boxed{" + a + "}" for a, _ in pairs], [b for _, b in pairs]) if pairs else ([], None, None)
+    return [s == 1.0 for s in scores]
+
+
+def load_grader(spec: str, key: str = "verifier.grader"):
+    """'module:function' -> the function (imported here and, by reference, in each worker); `key` names the
+    setting in the error."""
     import importlib
 
     from thinkrl.errors import UserError
@@ -88,16 +98,19 @@ def load_grader(spec: str):
     try:
         fn = getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError, ValueError) as e:
-        raise UserError(f"verifier.grader={spec!r} could not be loaded ({e}); expected 'module:function'") from None
+        raise UserError(f"{key}={spec!r} could not be loaded ({e}); expected 'module:function'") from None
     if not callable(fn):
-        raise UserError(f"verifier.grader={spec!r} is not a function")
+        raise UserError(f"{key}={spec!r} is not a function")
     return fn
 
 
 def _worker(conn: Connection, memory_mb: int, grade_fn) -> None:
-    """Worker process: receive (index, completion, answer), send back (index, (score, extracted))."""
+    """Worker process: receive (task, function, completion, answer), send back (task, result): for function
+    None grade_fn's (score, extracted), otherwise what thinkrl.rewards.call reports for that reward function."""
     import logging
     import resource
+
+    from thinkrl import rewards
 
     _tie_to_trainer()
     if memory_mb > 0:
@@ -107,18 +120,22 @@ def _worker(conn: Connection, memory_mb: int, grade_fn) -> None:
     # terminal; the pool counts those samples instead
     logging.getLogger("math_verify").setLevel(logging.ERROR)
     score("\\boxed{1}", "1")  # import and warm math-verify/sympy before the first real sample
+    loaded: dict = {}  # reward functions imported so far, by their 'module:function'
     try:
         conn.send(("ready", None))
         while True:
             msg = conn.recv()
             if msg is None:
                 return
-            idx, completion, answer = msg
-            try:
-                value = grade_fn(completion, answer)
-            except BaseException:  # malformed input scores 0 and never kills the worker; math-verify's
-                value = (0.0, None)  # TimeoutException derives from BaseException, not Exception
-            conn.send((idx, value))
+            task, function, completion, answer = msg
+            if function is not None:
+                value = rewards.call(function, completion, answer, loaded)
+            else:
+                try:
+                    value = grade_fn(completion, answer)
+                except BaseException:  # malformed input scores 0 and never kills the worker; math-verify's
+                    value = (0.0, None)  # TimeoutException derives from BaseException, not Exception
+            conn.send((task, value))
     except (EOFError, OSError):  # the trainer is gone
         return
 
@@ -152,6 +169,7 @@ class VerifierPool:
     pool = VerifierPool(workers=2, timeout=5.0)
     rewards, stats = pool.score(completions, answers)   # stats: timeouts, crashes
     scores, extracted, stats = pool.grade(completions, answers)
+    scores, extracted, values, stats = pool.evaluate(completions, answers, functions)   # reward.functions
     pool.close()
     """
 
@@ -218,22 +236,30 @@ class VerifierPool:
 
     def grade(self, completions: list[str], answers: list[str]) -> tuple[list[float], list[str | None], dict[str, int]]:
         """Scores, extracted answers and {'timeouts', 'crashes'}; a timed-out or crashed sample gets (0, None)."""
-        results: list[tuple[float, str | None]] = [(0.0, None)] * len(completions)
+        scores, extracted, _, stats = self.evaluate(completions, answers)
+        return scores, extracted, stats
+
+    def evaluate(self, completions: list[str], answers: list[str], functions: list | tuple = ()) -> tuple[list[float], list, list, dict]:
+        """grade(), plus reward functions (specs for thinkrl.rewards.call) on every completion, in the same workers:
+        each (completion, function) pair is a task of its own under the time limit. values[f][i]: what the worker
+        reported for function f on completion i, or None when that task timed out or crashed (counted in stats)."""
+        n_f = len(specs := [None, *functions])  # None: grade_fn
+        results: list = [None] * (len(completions) * n_f)  # task t: completion t // n_f, spec t % n_f
         stats = {"timeouts": 0, "crashes": 0}
-        todo = list(range(len(completions)))[::-1]
+        todo = list(range(len(results)))[::-1]
         resent: set[int] = set()
-        busy: dict[int, tuple[int, float]] = {}  # worker slot -> (sample index, start time)
+        busy: dict[int, tuple[int, float]] = {}  # worker slot -> (task, start time)
         while todo or busy:
             for i in range(len(self._workers)):
                 if i not in busy and todo:
-                    idx = todo.pop()
-                    if self._send(i, (idx, completions[idx], str(answers[idx]))):
-                        busy[i] = (idx, time.monotonic())
+                    t = todo.pop()
+                    if self._send(i, (t, specs[t % n_f], completions[t // n_f], str(answers[t // n_f]))):
+                        busy[i] = (t, time.monotonic())
                     else:  # the worker had died while idle (killed from outside): a crash, but not this
                         stats["crashes"] += 1  # sample's doing, so it goes to the replacement (once; then it scores 0)
-                        if idx not in resent:
-                            resent.add(idx)
-                            todo.append(idx)
+                        if t not in resent:
+                            resent.add(t)
+                            todo.append(t)
             if not busy:  # every send found a dead worker: hand the samples to the replacements
                 continue
             conns = {self._workers[i][1]: i for i in busy}
@@ -242,8 +268,8 @@ class VerifierPool:
             for conn in wait(list(conns), timeout=max(0.0, next_deadline - now)):
                 i = conns[conn]
                 try:
-                    idx, (value, extracted) = conn.recv()
-                    results[idx] = (float(value), extracted)
+                    t, value = conn.recv()
+                    results[t] = value if t % n_f else (float(value[0]), value[1])
                 except (EOFError, OSError):  # worker died mid-sample (e.g. out of memory, or killed)
                     stats["crashes"] += 1
                     self._replace(i)
@@ -255,7 +281,9 @@ class VerifierPool:
                     stats["timeouts"] += 1
                     self._replace(i)
                     del busy[i]
-        return [r[0] for r in results], [r[1] for r in results], stats
+        graded = [r or (0.0, None) for r in results[::n_f]]
+        values = [results[f::n_f] for f in range(1, n_f)]
+        return [g[0] for g in graded], [g[1] for g in graded], values, stats
 
     def close(self) -> None:
         atexit.unregister(self.close)

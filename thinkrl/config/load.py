@@ -13,6 +13,7 @@ run directory.
 from __future__ import annotations
 
 import dataclasses
+import secrets
 import time
 from pathlib import Path
 from typing import Any
@@ -182,8 +183,8 @@ def resolve(cfg: Config) -> Config:
     for ok, msg in checks:
         if not ok:
             raise UserError(msg)
-    if cfg.output_dir is None:
-        cfg.output_dir = f"runs/{time.strftime('%Y%m%d-%H%M%S')}-{cfg.method.name}"
+    if cfg.output_dir is None:  # time-sorted; the random part keeps runs started in the same second apart
+        cfg.output_dir = f"runs/{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}-{cfg.method.name}"
     return cfg
 
 

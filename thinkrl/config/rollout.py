@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass, field
 from typing import Literal
+
+import yaml
 
 from thinkrl.config.typecheck import check
 
@@ -74,8 +78,50 @@ class RolloutConfig:
         )
 
 
+REWARD_KEYS = ("mean", "std", "shaped_mean", "seeded_mean", "unseeded_mean")  # reward/<key> metrics a function name would overwrite
+
+
+@dataclass(repr=False)
+class RewardFunction:
+    """One entry of reward.functions, e.g. {name: format, function: thinkrl.rewards:format_boxed, weight: 0.1}."""
+
+    name: str = ""
+    """Logged as reward/<name> (its mean over the step's completions); letters, digits, _ . - only."""
+    function: str = ""
+    """'verifier' (the score of verifier.grader) or module:function (completion, answer, **options) -> a number,
+    run in the verifier's workers; built-ins: thinkrl.rewards:format_boxed, format_think, length_penalty."""
+    weight: float = 1.0
+    """Its weight: the reward the advantages see is the sum of weight x value over reward.functions."""
+    options: dict = field(default_factory=dict)
+    """Keyword arguments for the function, e.g. {max_chars: 2000} for thinkrl.rewards:length_penalty."""
+
+    def __post_init__(self) -> None:
+        plain = re.fullmatch(r"[A-Za-z0-9_.-]+", self.name) is not None
+        check(
+            (plain, f"name must be letters, digits, _ . - (it names the metric reward/<name>), got {self.name!r}"),
+            (self.function == "verifier" or ":" in self.function, f"function must be 'verifier' or module:function, got {self.function!r}"),
+            (math.isfinite(self.weight), f"weight must be a finite number, got {self.weight}"),
+            (self.function != "verifier" or not self.options, f"options: 'verifier' takes none, got {self.options}"),
+        )
+
+    def __repr__(self) -> str:
+        """The YAML form, as `-o reward.functions=[...]` takes it (`thinkrl config` prints it)."""
+        fields = {"name": self.name, "function": self.function, "weight": self.weight}
+        if self.options:
+            fields["options"] = self.options
+        return yaml.safe_dump(fields, default_flow_style=True, sort_keys=False, width=1_000_000).strip()
+
+
+def default_reward_functions() -> list[RewardFunction]:
+    """The verifier's score with weight 1: the reward of a run that does not set reward.functions."""
+    return [RewardFunction("correct", "verifier", 1.0)]
+
+
 @dataclass
 class RewardConfig:
+    functions: list[RewardFunction] = field(default_factory=default_reward_functions)
+    """Named, weighted rewards (TRL's reward_funcs + reward_weights): a list of {name, function, weight, options};
+    reward/mean stays the verifier's accuracy, the advantages see the weighted sum (see thinkrl/rewards.py)."""
     overlong_buffer: float = 0
     """DAPO's soft overlong punishment: over the last N tokens of the budget the reward falls linearly by up to
     overlong_penalty; a value below 1 is a fraction of rollout.max_new_tokens (DAPO: 0.2); 0 = off."""
@@ -86,6 +132,12 @@ class RewardConfig:
         check(
             (self.overlong_buffer >= 0, f"overlong_buffer must be >= 0 (0 = off), got {self.overlong_buffer}"),
             (self.overlong_penalty >= 0, f"overlong_penalty must be >= 0, got {self.overlong_penalty}"),
+            (len(self.functions) >= 1, "functions must hold at least one {name, function, weight} (the default: the verifier)"),
+        )
+        names = [f.name for f in self.functions]
+        check(
+            *((names.count(n) == 1, f"functions: the name {n!r} is used twice; each needs its own (it names reward/{n})") for n in names),
+            *((n not in REWARD_KEYS, f"functions: the name {n!r} would overwrite the metric reward/{n}; pick another") for n in names),
         )
 
 

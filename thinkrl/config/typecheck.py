@@ -74,6 +74,10 @@ def coerce(value: Any, tp: Any, where: str) -> Any:
     elif dataclasses.is_dataclass(tp):
         if isinstance(value, tp):
             return value
+        if isinstance(value, dict):  # an entry of a list such as reward.functions
+            return build(tp, value, f"{where}.")
+        keys = ", ".join(f.name for f in dataclasses.fields(tp))
+        raise UserError(f"{where}: expected a mapping of {keys}, got {value!r} ({type(value).__name__})")
     else:
         raise TypeError(f"unsupported config type {tp!r} at {where}")
     raise UserError(f"{where}: expected {_name(tp)}, got {value!r} ({type(value).__name__})")

@@ -3,8 +3,9 @@
 Plain GRPO takes the step's prompts in one generation round. With rollout.dynamic_sampling (DAPO), a group
 whose scores are all equal carries no gradient, so it is dropped and fresh prompts are sampled in further
 rounds until prompts_per_step groups are kept or rollout.max_sampling_rounds is reached (then the step
-trains on what it has). reward.overlong_buffer adds DAPO's soft overlong punishment to the reward used for
-advantages; the verifier score (accuracy) is kept separately for logging and for the dynamic-sampling test.
+trains on what it has). The reward used for advantages is reward.functions' weighted sum (thinkrl/rewards.py;
+by default the verifier's score) plus DAPO's soft overlong punishment (reward.overlong_buffer); the verifier
+score (accuracy) is kept separately for logging and for the dynamic-sampling test.
 With several processes each rank takes its contiguous share of every round's prompts and keeps
 prompts_per_step / world groups, so a group never spans ranks.
 """
@@ -21,6 +22,7 @@ from torch import Tensor
 
 from thinkrl import distributed
 from thinkrl.data import Prompt, step_prompts
+from thinkrl.rewards import RewardSet
 from thinkrl.rollout.completions import Completions, Sampling
 from thinkrl.rollout.engines import Engine
 from thinkrl.rollout.seeds import seeded_generate
@@ -65,6 +67,11 @@ class RolloutContext:
     record_topk: int = 0  # the sampler's top-K and entropy, when the sampler stands in for pi_old
     record_entropy: bool = False
     seed_pool: Any = None  # Thinking Seeds' thinkrl.rollout.seeds.SeedPool
+    rewards: Any = None  # thinkrl.rewards.RewardSet; None = built from cfg.reward.functions (imported and checked here)
+
+    def __post_init__(self) -> None:
+        if self.rewards is None:
+            self.rewards = RewardSet(self.cfg.reward.functions)
 
 
 def collect(ctx: RolloutContext, step: int, prompts: list[Prompt], generator: torch.Generator) -> StepSamples:
@@ -75,7 +82,7 @@ def collect(ctx: RolloutContext, step: int, prompts: list[Prompt], generator: to
     rank, world = distributed.world()
     target = rc.prompts_per_step // world  # groups this rank keeps
     sampling = Sampling(rc.max_new_tokens, rc.temperature, rc.top_p, rc.top_k, rc.min_new_tokens)
-    kept: list[tuple[Prompt, Completions, list[str], Tensor]] = []
+    kept: list[tuple[Prompt, Completions, list[str], Tensor, list[list[float]]]] = []  # last: reward.functions' values
     distinct: list[int] = []  # distinct extracted answers per sampled group: a diversity measure
     stats = {
         "verifier/timeouts": 0,
@@ -97,11 +104,13 @@ def collect(ctx: RolloutContext, step: int, prompts: list[Prompt], generator: to
             stats.update(ctx.engine.stats)
         t1 = time.perf_counter()
         texts = tok.batch_decode([row[m].tolist() for row, m in zip(comp.tokens, comp.mask)], skip_special_tokens=True)
-        scores, extracted, vstats = pool.grade(texts, [p.answer for p in batch for _ in range(G)])
+        scores, extracted, parts, vstats = ctx.rewards.evaluate(pool, texts, [p.answer for p in batch for _ in range(G)])
         stats["time/generate"] += t1 - t0
         stats["time/score"] += time.perf_counter() - t1
         stats["verifier/timeouts"] += vstats["timeouts"]
         stats["verifier/crashes"] += vstats["crashes"]
+        if "errors" in vstats:  # reward functions ran in the workers: the exceptions they raised (scored 0)
+            stats["verifier/errors"] = stats.get("verifier/errors", 0) + vstats["errors"]
         stats["sampling/rounds"] += 1
         scores = torch.tensor(scores, dtype=torch.float32).view(len(batch), G)  # (P, G)
         distinct += [len({a for a in extracted[g * G : (g + 1) * G] if a is not None}) for g in range(len(batch))]
@@ -110,7 +119,7 @@ def collect(ctx: RolloutContext, step: int, prompts: list[Prompt], generator: to
                 stats["sampling/dropped_groups"] += 1
                 continue
             rows = torch.arange(g * G, (g + 1) * G)
-            kept.append((p, comp.select(rows.to(comp.tokens.device)), texts[g * G : (g + 1) * G], scores[g]))
+            kept.append((p, comp.select(rows.to(comp.tokens.device)), texts[g * G : (g + 1) * G], scores[g], parts[g * G : (g + 1) * G]))
         if len(kept) >= target:
             break
     kept = kept[:target]
@@ -119,11 +128,14 @@ def collect(ctx: RolloutContext, step: int, prompts: list[Prompt], generator: to
     if not rc.dynamic_sampling:  # one round, nothing dropped: nothing to report
         for k in ("sampling/rounds", "sampling/dropped_groups", "sampling/kept_groups"):
             del stats[k]
+    parts = [row for k in kept for row in k[4]]
+    stats.update(ctx.rewards.means(parts))  # reward/<name> when reward.functions is set
     if not kept:
         return StepSamples([], None, [], torch.zeros(0), torch.zeros(0), stats)
     comp = Completions.cat([k[1] for k in kept], pad)
     scores = torch.cat([k[3] for k in kept])  # (P * G,)
-    rewards = scores + overlong_penalty(comp.lengths.cpu(), rc.max_new_tokens, cfg.reward.overlong_buffer, cfg.reward.overlong_penalty)
+    rewards = torch.tensor(ctx.rewards.totals(parts), dtype=torch.float32)  # (P * G,) the default: = scores
+    rewards += overlong_penalty(comp.lengths.cpu(), rc.max_new_tokens, cfg.reward.overlong_buffer, cfg.reward.overlong_penalty)
     if ctx.seed_pool is not None:
         stats.update(_seed_stats(comp, scores, ctx.seed_pool))
     return StepSamples([k[0] for k in kept], comp, [t for k in kept for t in k[2]], scores, rewards, stats)

@@ -2,6 +2,7 @@
 
 checkpoint.py  atomic checkpoints and resuming from the newest complete one
 jsonl.py       metrics.jsonl / rollouts.jsonl, kill-safe JSON lines
+lock.py        one process per run (or eval output) directory: DIR/.lock
 records.py     what one step writes there
 console.py     the console, progress bars and the step line
 faults.py      signals, non-finite updates, full disks, out of memory

@@ -12,7 +12,7 @@ import torch
 
 from thinkrl import distributed
 
-_SUMMED = ("verifier/timeouts", "verifier/crashes", "sampling/dropped_groups", "sampling/kept_groups")
+_SUMMED = ("verifier/timeouts", "verifier/crashes", "verifier/errors", "sampling/dropped_groups", "sampling/kept_groups")
 
 
 def step_record(step: int, samples, upd: dict, astats: dict, times: dict) -> dict:

@@ -1,0 +1,239 @@
+"""reward.functions: the built-in rewards, several functions per sample in the verifier's workers, their
+limits and errors, the config forms, and tiny end-to-end runs (reward/<name>, the weighted sum, the default)."""
+
+import pytest
+import yaml
+from test_cli_e2e import invoke, tiny_args
+
+from thinkrl import rewards
+from thinkrl.config.load import load_config, save_config
+from thinkrl.config.rollout import RewardFunction, default_reward_functions
+from thinkrl.errors import UserError
+from thinkrl.rewards import RewardSet, format_boxed, format_think, length_penalty
+from thinkrl.run.jsonl import read_jsonl
+from thinkrl.verifier import VerifierPool, grade
+
+
+def entries(*items):
+    return [RewardFunction(*item) for item in items]
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with VerifierPool(workers=2, timeout=10) as p:
+        yield p
+
+
+# --- the built-ins, on hand examples
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("so the answer is \\boxed{42}.", 1.0),
+        ("\\boxed{x^2} then \\boxed{ }", 0.0),  # the final answer is the last box: empty
+        ("\\boxed{x^2} then \\boxed{unclosed", 1.0),  # the last box that closes
+        ("the answer is 42", 0.0),
+        ("\\boxed{}", 0.0),
+        ("\\boxed{   }", 0.0),
+        ("\\boxed{" + "1" * 1001 + "}", 0.0),  # longer than the verifier reads
+        ("\\boxed{unclosed", 0.0),
+    ],
+)
+def test_format_boxed(text, expected):
+    assert format_boxed(text, "42") == expected
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("<think>add 2 and 2</think> The answer is \\boxed{4}.", 1.0),
+        ("add 2 and 2\n</think>\n4", 1.0),  # the template opened the tag in the prompt
+        ("  <think>\nadd\n</think>\n\n4  ", 1.0),
+        ("<think></think> 4", 0.0),  # no reasoning
+        ("<think>add 2 and 2</think>   ", 0.0),  # no answer
+        ("<think>add 2 and 2 ... 4", 0.0),  # never closed
+        ("The answer is 4.", 0.0),
+        ("<think>a</think> b <think>c</think> d", 0.0),  # a second block
+        ("<think>a <think> b</think> 4", 0.0),
+        ("4 <think>a</think> 5", 0.0),  # the tag is not at the start
+    ],
+)
+def test_format_think(text, expected):
+    assert format_think(text, "4") == expected
+
+
+def test_length_penalty():
+    assert length_penalty("", "1") == 0.0
+    assert length_penalty("x" * 1000, "1") == -0.25  # default max_chars=4000
+    assert length_penalty("x" * 5, "1", max_chars=20) == -0.25
+    assert length_penalty("x" * 20, "1", max_chars=20) == -1.0
+    assert length_penalty("x" * 10**6, "1", max_chars=20) == -1.0  # floored
+    with pytest.raises(ValueError, match="max_chars"):
+        length_penalty("x", "1", max_chars=0)
+
+
+# --- several functions per sample in the pool, with its limits
+
+
+def test_the_pool_runs_several_functions_per_sample_in_its_own_workers(pool):
+    texts = ["so \\boxed{4}", "<think>hm</think> 5", "\\boxed{}", "a" * 30]
+    answers = ["4", "5", "1", "2"]
+    specs = [("thinkrl.rewards:format_boxed", {}), ("helpers:distinct_chars", {}), ("thinkrl.rewards:length_penalty", {"max_chars": 20})]
+    pids = pool.pids
+    scores, extracted, values, stats = pool.evaluate(texts, answers, specs)
+    assert pool.pids == pids  # no process started for the reward functions
+    assert (scores, extracted) == tuple(map(list, zip(*(grade(t, a) for t, a in zip(texts, answers)))))
+    assert scores == [1.0, 1.0, 0.0, 0.0] and stats == {"timeouts": 0, "crashes": 0}
+    assert values == [
+        [("ok", format_boxed(t, "")) for t in texts],
+        [("ok", min(len(set(t)), 20) / 20) for t in texts],
+        [("ok", length_penalty(t, "", max_chars=20)) for t in texts],
+    ]
+    assert [v for _, v in values[0]] == [1.0, 0.0, 0.0, 0.0] and values[2][3] == ("ok", -1.0)
+
+
+def test_reward_set_weighs_the_values_and_names_the_means(pool):
+    rs = RewardSet(
+        entries(
+            ("correct", "verifier", 2.0),
+            ("boxed", "thinkrl.rewards:format_boxed", 0.5),
+            ("short", "thinkrl.rewards:length_penalty", 0.25, {"max_chars": 10}),
+        )
+    )
+    scores, _, parts, stats = rs.evaluate(pool, ["\\boxed{4}", "\\boxed{5}", "no"], ["4", "4", "4"])
+    assert scores == [1.0, 0.0, 0.0] and stats == {"timeouts": 0, "crashes": 0, "errors": 0}
+    assert parts == [[1.0, 1.0, -0.9], [0.0, 1.0, -0.9], [0.0, 0.0, -0.2]]
+    assert rs.totals(parts) == pytest.approx([2.0 + 0.5 - 0.225, 0.5 - 0.225, -0.05])
+    assert rs.means(parts) == pytest.approx({"reward/correct": 1 / 3, "reward/boxed": 2 / 3, "reward/short": -2.0 / 3})
+    assert rs.means([]) == {"reward/correct": 0.0, "reward/boxed": 0.0, "reward/short": 0.0}
+
+
+def test_the_default_is_the_verifier_alone_and_logs_nothing_new(pool):
+    rs = RewardSet(default_reward_functions())
+    scores, _, parts, stats = rs.evaluate(pool, ["\\boxed{4}", "\\boxed{3}"], ["4", "4"])
+    assert not rs.custom and not rs.specs and stats == {"timeouts": 0, "crashes": 0}
+    assert rs.totals(parts) == scores == [1.0, 0.0] and rs.means(parts) == {}
+
+
+def test_a_timed_out_user_function_scores_0_and_is_counted():
+    rs = RewardSet(entries(("correct", "verifier", 1.0), ("slow", "helpers:sleepy_reward", 1.0)))
+    with VerifierPool(workers=1, timeout=1.0) as p:
+        scores, _, parts, stats = rs.evaluate(p, ["sleep", "\\boxed{3}"], ["1", "3"])
+    assert stats == {"timeouts": 1, "crashes": 0, "errors": 0}
+    assert scores == [0.0, 1.0] and parts == [[0.0, 0.0], [1.0, 0.5]]  # the grading of "sleep" was not lost
+
+
+def test_an_exception_scores_0_and_is_counted(pool):
+    rs = RewardSet(entries(("odd", "helpers:odd_reward", 1.0)))
+    _, _, parts, stats = rs.evaluate(pool, ["raise", "fine"], ["1", "1"])
+    assert parts == [[0.0], [1.0]] and stats["errors"] == 1
+
+
+@pytest.mark.parametrize("text, shown", [("text", "returned 'high' (str), not a number"), ("nan", "returned nan, not a finite number")])
+def test_a_value_that_is_not_a_finite_number_is_a_one_line_error(pool, text, shown):
+    rs = RewardSet(entries(("correct", "verifier", 1.0), ("odd", "helpers:odd_reward", 1.0)))
+    with pytest.raises(UserError) as e:
+        rs.evaluate(pool, ["fine", text], ["1", "1"])
+    assert str(e.value) == f"reward.functions odd (helpers:odd_reward) {shown}; a reward function must return a finite number"
+    assert pool.evaluate(["\\boxed{2}"], ["2"])[0] == [1.0]  # the pool is still in step
+
+
+@pytest.mark.parametrize(
+    "function, options, message",
+    [
+        ("no_such_module:f", {}, "reward.functions r: function='no_such_module:f' could not be loaded (No module named 'no_such_module')"),
+        ("thinkrl.rewards:VERIFIER", {}, "reward.functions r: function='thinkrl.rewards:VERIFIER' is not a function"),
+        ("thinkrl.rewards:length_penalty", {"max_char": 5}, "reward.functions r: thinkrl.rewards:length_penalty cannot be called as"),
+        ("helpers:distinct_chars", {"x": 1}, "fn(completion, answer, x=...)"),
+    ],
+)
+def test_a_function_that_cannot_be_used_is_a_one_line_error_at_load(function, options, message):
+    with pytest.raises(UserError) as e:
+        RewardSet(entries(("r", function, 1.0, options)))
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_call_reports_a_function_the_worker_cannot_load():
+    kind, why = rewards.call(("no_such_module:f", {}), "x", "1", {})
+    assert kind == "bad" and why.startswith("could not be loaded in a verifier worker")
+
+
+# --- the config: -o and YAML lists, checks, round trip
+
+FUNCTIONS = (
+    "[{name: correct, function: verifier, weight: 1}, {name: fmt, function: thinkrl.rewards:format_boxed, weight: 0.5},"
+    " {name: len, function: thinkrl.rewards:length_penalty, weight: 0.1, options: {max_chars: 100}}]"
+)
+EXPECTED = entries(
+    ("correct", "verifier", 1.0),
+    ("fmt", "thinkrl.rewards:format_boxed", 0.5),
+    ("len", "thinkrl.rewards:length_penalty", 0.1, {"max_chars": 100}),
+)
+
+
+def test_functions_from_an_override_and_a_yaml_file_round_trip(tmp_path):
+    assert load_config().reward.functions == default_reward_functions()
+    cfg = load_config(overrides=[f"reward.functions={FUNCTIONS}"])
+    assert cfg.reward.functions == EXPECTED
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump({"reward": {"functions": yaml.safe_load(FUNCTIONS)}}))
+    assert load_config(path).reward.functions == EXPECTED
+    save_config(cfg, tmp_path / "resolved.yaml")
+    assert load_config(tmp_path / "resolved.yaml").reward == cfg.reward
+
+
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        ("[]", "reward.functions must hold at least one"),
+        ("[{name: a, function: verifier}, {name: a, function: m:f}]", "reward.functions: the name 'a' is used twice"),
+        ("[{name: std, function: verifier}]", "reward.functions: the name 'std' would overwrite the metric reward/std"),
+        ("[{name: a, function: verifier, weight: .inf}]", "reward.functions[0]: weight must be a finite number, got inf"),
+        ("[{name: a, function: verifier}, {name: b/c, function: m:f}]", "reward.functions[1]: name must be letters"),
+        ("[{name: a, function: grade}]", "reward.functions[0]: function must be 'verifier' or module:function, got 'grade'"),
+        ("[{name: a, funtion: m:f}]", "unknown key reward.functions[0].funtion (did you mean function?)"),
+        ("thinkrl.rewards:format_boxed", "reward.functions[0]: expected a mapping of name, function, weight, options"),
+    ],
+)
+def test_bad_functions_are_one_line_errors(value, message):
+    with pytest.raises(UserError) as e:
+        load_config(overrides=[f"reward.functions={value}"])
+    assert str(e.value).startswith(message) and "\n" not in str(e.value), str(e.value)
+
+
+# --- end to end on the tiny model (the grader, helpers:length_reward, is the `verifier` entry)
+
+TIMES = ("time/", "tokens/s", "generate/tokens_per_s")
+
+
+def test_a_run_logs_each_function_and_trains_on_the_weighted_sum(tiny_model_dir, tmp_path):
+    functions = (
+        "[{name: correct, function: verifier, weight: 0.5}, {name: distinct, function: helpers:distinct_chars, weight: 2},"
+        " {name: short, function: thinkrl.rewards:length_penalty, weight: 0.25, options: {max_chars: 12}}]"
+    )
+    invoke(tiny_args(tiny_model_dir, tmp_path / "run", 2, "-o", f"reward.functions={functions}"))
+    metrics = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == [1, 2]
+    for m in metrics:
+        assert m["reward/correct"] == pytest.approx(m["reward/mean"], abs=1e-6)  # the verifier is the accuracy
+        weighted = 0.5 * m["reward/correct"] + 2 * m["reward/distinct"] + 0.25 * m["reward/short"]
+        assert m["reward/shaped_mean"] == pytest.approx(weighted, abs=1e-5)
+        assert 0 < m["reward/distinct"] <= 1 and -1 <= m["reward/short"] < 0 and m["verifier/errors"] == 0
+        assert m["reward/shaped_mean"] != pytest.approx(m["reward/mean"])  # not vacuous
+    rows = read_jsonl(tmp_path / "run" / "rollouts.jsonl")
+    assert sum(r["reward"] for r in rows if r["step"] == 1) / 8 == pytest.approx(metrics[0]["reward/shaped_mean"], abs=1e-5)
+
+
+def test_a_run_without_reward_functions_logs_what_it_always_did(tiny_model_dir, tmp_path):
+    """The default logs no new key, and trains exactly as the explicit verifier with a weight-0 user function."""
+    invoke(tiny_args(tiny_model_dir, tmp_path / "default", 2))
+    zero = "[{name: correct, function: verifier, weight: 1}, {name: zero, function: helpers:distinct_chars, weight: 0}]"
+    invoke(tiny_args(tiny_model_dir, tmp_path / "zero", 2, "-o", f"reward.functions={zero}"))
+    default, explicit = (read_jsonl(tmp_path / run / "metrics.jsonl") for run in ("default", "zero"))
+    new = {"reward/correct", "reward/zero", "verifier/errors"}
+    for d, e in zip(default, explicit, strict=True):
+        assert not new & set(d) and {k for k in d if k.startswith("reward/")} == {"reward/mean", "reward/std", "reward/shaped_mean"}
+        assert set(e) == set(d) | new
+        assert {k: v for k, v in d.items() if not k.startswith(TIMES)} == {k: v for k, v in e.items() if k in d and not k.startswith(TIMES)}
+        assert d["grad_norm"] > 0  # the runs trained
