@@ -36,7 +36,7 @@ def torchrun(n: int, *args: str, cwd: Path | None = None) -> subprocess.Complete
         ("grpo", []),  # token-mean over the global batch: ranks hold 32 and 55 tokens
         ("grpo", ["-o", "train.micro_batch_size=1"]),  # rank 0 runs 6 micro-batches, rank 1 6 with other lengths
         ("dr_grpo", ["-o", "train.micro_batch_tokens=12"]),  # sequence-level normalisation, uneven micro-batch counts
-        ("gspo", []),  # sequence-level ratio
+        ("gspo", []),  # sequence-level ratio; its recipe: 4 mini-batches, each the same completions at any process count
     ],
 )
 def test_two_process_update_equals_one_process_update(tiny_model_dir, tmp_path, method, overrides):

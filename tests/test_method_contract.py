@@ -24,8 +24,15 @@ B, T, K = 4, 5, 3
 MASK = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0], [1, 1, 1, 1, 0]]).bool()
 
 
-def make_batch(theta: torch.Tensor, topk_theta: torch.Tensor, junk: float | None = None, on_policy: bool = False, seed: int = 0):
-    """A batch whose logp is `theta` (a leaf with grad). With `junk`, masked positions of every field hold it."""
+def make_batch(theta: torch.Tensor, topk_theta: torch.Tensor, junk: float | None = None, on_policy: bool | str = False, seed: int = 0):
+    """A batch whose logp is `theta` (a leaf with grad). With `junk`, masked positions of every field hold it.
+
+    on_policy=True: logp == old_logp == behav_logp, and the proposal fields agree: pi_old's top-K log-probs are
+    pi_theta's and the sampled token is the proposal's top-1 id (an id outside V_K in the last column), so a
+    method that treats tokens in V_K differently (sis accepts them) is exercised there too.
+    on_policy="writer": each token is on-policy only for the policy that wrote it: behav_logp == logp on the
+    prefix_mask tokens (a historical checkpoint pi_h wrote them) and old_logp == logp on the others, the other
+    log-prob being 0.5-ish off (pi_old on the prefix; a sampler with a precision gap elsewhere)."""
     g = torch.Generator().manual_seed(seed)
     logp = theta
     old = theta.detach() if on_policy else (theta.detach() + 0.3 * torch.randn(B, T, generator=g)).clamp(max=-0.01)
@@ -44,6 +51,13 @@ def make_batch(theta: torch.Tensor, topk_theta: torch.Tensor, junk: float | None
         topk_old_logp=torch.log_softmax(torch.randn(B, T, K, generator=g), -1),
         token_js=torch.rand(B, T, generator=g) * 0.69,
     )
+    if on_policy:
+        fields["topk_old_logp"] = topk_theta.detach()
+        fields["token_ids"] = torch.where(torch.arange(T) < T - 1, fields["topk_ids"][..., 0], 99)  # (B, T)
+    if on_policy == "writer":
+        prefix, off = fields["prefix_mask"], (theta.detach() + 0.5 * torch.randn(B, T, generator=g)).clamp(max=-0.01)
+        fields["old_logp"] = torch.where(prefix, off, theta.detach())
+        fields["behav_logp"] = torch.where(prefix, theta.detach(), off)
     topk_logp = topk_theta
     if junk is not None:
         pad = ~MASK
@@ -119,12 +133,31 @@ def test_micro_batches_with_global_counts_reproduce_full_batch(method_name):
 
 def test_on_policy_gradient_is_reinforce(method_name):
     """At logp == old_logp == behav_logp the gradient equals that of aggregate(-A * logp)."""
-    from thinkrl.methods._common import aggregate
-
     m = get_method(method_name)
     if not m.reinforce_on_policy:
         pytest.skip(f"{method_name} selects or reweights tokens on-policy by design")
-    _, grad, _ = loss_and_grad(m, on_policy=True)
+    if {"token_ids", "topk_ids"} <= m.requires:  # the batch must reach the top-K branch (sis: accepted tokens)
+        batch = make_batch(*leaves(), on_policy=True)
+        assert batch.token_ids is not None and batch.topk_ids is not None
+        in_topk = (batch.token_ids[..., None] == batch.topk_ids).any(-1)  # (B, T)
+        assert 0.5 < in_topk[MASK].float().mean() < 1
+    _assert_reinforce(m, True)
+
+
+def test_on_policy_for_the_writer_of_each_token_is_reinforce(method_name):
+    """A method that requires prefix_mask ratios each token against the policy that wrote it: pi_h (behav_logp) on
+    prefix tokens, pi_old elsewhere. With every writer equal to pi_theta, and the other anchor off, the gradient is
+    REINFORCE's (a prefix token against pi_old, or a continuation token against mu, would not give it)."""
+    m = get_method(method_name)
+    if "prefix_mask" not in m.requires or not m.reinforce_on_policy:
+        pytest.skip(f"{method_name} does not ratio prefix tokens against their writer")
+    _assert_reinforce(m, "writer")
+
+
+def _assert_reinforce(m, on_policy: bool | str) -> None:
+    from thinkrl.methods._common import aggregate
+
+    _, grad, _ = loss_and_grad(m, on_policy=on_policy)
     theta, _ = leaves()
     adv = make_batch(theta, leaves()[1]).advantages
     ref = aggregate(-adv * theta, MASK, m.cfg.aggregation, int(MASK.sum()), B, getattr(m.cfg, "norm_length", 0) or T)

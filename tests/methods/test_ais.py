@@ -203,3 +203,13 @@ def test_ais_resume_continues_the_controller_exactly(tiny_model_dir, tmp_path):
     straight, split = ([pick(m) for m in rows] for rows in runs)
     assert len(straight) == 4 and split == straight
     assert all(m["ais/alpha"] > 0 for m in straight) and "ais/reliability" in straight[0]
+
+
+@pytest.mark.parametrize("mode", ["tis", "mis"])
+def test_ais_refuses_a_second_rollout_correction(mode):
+    # w_t = (1 - alpha) + alpha min(pi_old / mu, cap) is already a TIS weight; the trainer's would multiply it again
+    with pytest.raises(UserError, match=rf"^correction.mode={mode} with method ais: it already weights every token by pi_old / mu") as e:
+        resolve(load_config(overrides=[f"correction.mode={mode}"], **{"method.name": "ais"}))
+    assert str(e.value).endswith("; set correction.mode=none") and "\n" not in str(e.value)
+    assert get_method("ais").mismatch_corrected == "all"
+    assert resolve(load_config(CONFIGS / "ais.yaml")).correction.mode == "none"

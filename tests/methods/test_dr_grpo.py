@@ -6,6 +6,7 @@ import pytest
 import torch
 from batches import CONFIGS, ratio_batch
 
+from thinkrl.batch import TokenBatch
 from thinkrl.config.load import load_config, resolve
 from thinkrl.errors import UserError
 from thinkrl.methods import get_method, method_class
@@ -47,3 +48,28 @@ def test_dr_grpo_config_is_validated():
         get_method("dr_grpo", norm_length=-1)
     with pytest.raises(UserError, match="method.clip_hihg.*did you mean clip_high"):
         get_method("dr_grpo", clip_hihg=0.3)
+
+
+@pytest.mark.parametrize(
+    "weights, want_loss, want_grad",
+    [(None, -0.4962820, [-0.2662180, -0.25]), ([2.0, 0.5], -0.6212820, [-0.5162180, -0.125])],
+)
+def test_dr_grpo_kl_is_added_after_the_correction_weights(weights, want_loss, want_grad):
+    # grpo's beta KL, inherited (docs/methods.md, grpo): pi = pi_old = 0.5 (r = 1), A = +1, beta 0.1, L = 4.
+    # Token 0 has log(ref / pi) = 0.5: 0.1 k3 = 0.1 (e^0.5 - 1.5) = 0.0148721, gradient 0.1 (1 - e^0.5) = -0.0648721.
+    # No correction: loss (-1 - 1 + 0.0148721) / 4, grads [(-1 - 0.0648721) / 4, -1 / 4].
+    # TIS weights [2, 0.5] scale -A r only: loss (-2 - 0.5 + 0.0148721) / 4, grads [(-2 - 0.0648721) / 4, -0.5 / 4]
+    logp = torch.full((1, 2), math.log(0.5), requires_grad=True)
+    batch = TokenBatch(
+        logp=logp,
+        old_logp=logp.detach(),
+        behav_logp=logp.detach(),
+        advantages=torch.ones(1),
+        mask=torch.ones(1, 2),
+        ref_logp=torch.tensor([[math.log(0.5) + 0.5, math.log(0.5)]]),
+        is_weights=None if weights is None else torch.tensor([weights]),
+    )
+    loss, _ = get_method("dr_grpo", beta=0.1, norm_length=4).loss(batch)
+    loss.backward()
+    assert loss.item() == pytest.approx(want_loss, abs=1e-6)
+    assert torch.allclose(logp.grad, torch.tensor([want_grad]), atol=1e-6)

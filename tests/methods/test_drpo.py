@@ -129,3 +129,17 @@ def test_drpo_advantage_estimator_and_help():
     assert cls.advantage == "no_std"
     text = cls.help()
     assert "arXiv 2606.09821" in text and "Relative to grpo" in text and "Confidence" in text
+
+
+@pytest.mark.parametrize("mode", ["tis", "mis"])
+def test_drpo_refuses_a_second_rollout_correction_unless_anchored_at_pi_old(mode):
+    # anchor=behav: r = pi_theta / mu already corrects each token from mu, and TIS/MIS would multiply by pi_old / mu
+    # again; anchor=old: r = pi_theta / pi_old, and the correction bridges mu -> pi_old (thinkrl/learner/correction.py)
+    with pytest.raises(
+        UserError, match=rf"^correction.mode={mode} with method drpo: its ratio is already taken against the sampler mu"
+    ) as e:
+        resolve(load_config(overrides=[f"correction.mode={mode}"], **{"method.name": "drpo"}))
+    assert "set correction.mode=none, or method.anchor=old" in str(e.value) and "\n" not in str(e.value)
+    cfg = resolve(load_config(overrides=[f"correction.mode={mode}", "method.anchor=old"], **{"method.name": "drpo"}))
+    assert cfg.correction.mode == mode
+    assert get_method("drpo").mismatch_corrected == "all" and get_method("drpo", anchor="old").mismatch_corrected == "none"

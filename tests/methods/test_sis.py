@@ -140,6 +140,36 @@ def test_sis_zero_probability_topk_entries_are_outside_the_support():
     assert torch.allclose(test.prob, torch.tensor([[0.6, 0.0]]))
 
 
+def test_sis_gspo_host_off_policy_accepted_tokens_add_nothing_to_log_s():
+    # tokens [1, 2, 3]: log w = ln(4/3), ln(2/3), ln 2. Token 1 is always accepted (w / M = 1) and adds 0 to log s_i;
+    # tokens 2 and 3 lie outside V_K, are rejected and keep log w. log s_i = (0 + ln(2/3) + ln 2) / 3 = ln(4/3) / 3,
+    # s_i = (4/3)^(1/3) = 1.1006424 (plain gspo: (16/9)^(1/3) = 1.2114137). With the clip opened and A = -1,
+    # l_t = -A s_i = s_i at every token: seq-mean-token-mean loss s_i, gradient -A s_i / 3 = 0.3668808 per token
+    logp, batch = vocab4_batch([1, 2, 3], -1.0)
+    loss, m = get_method("sis", host="gspo", clip_low=1.0, clip_high=9.0).loss(batch)
+    loss.backward()
+    s_i = (4 / 3) ** (1 / 3)
+    assert m["sis/accept_frac"].item() == pytest.approx(1 / 3) and m["ratio/sis_mean"].item() == pytest.approx(s_i, rel=1e-5)
+    assert loss.item() == pytest.approx(s_i, rel=1e-5)
+    assert torch.allclose(logp.grad, torch.full((1, 3), s_i / 3), rtol=1e-5)
+    logp, batch = vocab4_batch([1, 2, 3], -1.0)
+    assert get_method("gspo", clip_low=1.0, clip_high=9.0).loss(batch)[0].item() == pytest.approx((16 / 9) ** (1 / 3), rel=1e-5)
+
+
+def test_sis_gspo_host_all_accepted_sequence_is_reinforce():
+    # tokens [1, 1]: both accepted, log s_i = 0, s_i = 1: inside gspo's 3e-4 / 4e-4 window, so the gradient is
+    # REINFORCE's -A / 2 per token. Plain gspo has s_i = 4/3 there: clipped (A = +1), no gradient at all.
+    logp, batch = vocab4_batch([1, 1], 1.0)
+    loss, m = get_method("sis", host="gspo").loss(batch)
+    loss.backward()
+    assert loss.item() == pytest.approx(-1.0) and torch.allclose(logp.grad, torch.full((1, 2), -0.5))
+    assert m["clip/frac"].item() == 0.0 and m["ratio/sis_mean"].item() == 1.0
+    logp, batch = vocab4_batch([1, 1], 1.0)
+    loss, m = get_method("gspo").loss(batch)
+    loss.backward()
+    assert m["clip/frac"].item() == 1.0 and logp.grad.abs().max().item() == 0.0
+
+
 # ---------------------------------------------------------------- reduction to the host, D_SIS <= D
 
 

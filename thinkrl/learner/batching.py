@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from thinkrl import distributed
 from thinkrl.rollout.completions import Completions
 
 
@@ -41,6 +42,23 @@ def micro_batches(rows: Tensor, lengths: Tensor, size: int, group_size: int, max
     if current:
         out.append(torch.tensor(current))
     return out
+
+
+def mini_batch_rows(rows: int, pieces: int, epoch: int) -> list[Tensor]:
+    """This process's rows (local indices) of each of the epoch's `pieces` mini-batches.
+
+    The shuffle is one permutation of the global batch, drawn from a generator seeded by torch.initial_seed()
+    (the step's seed, the same on every rank: train.seed_step) and the epoch, cut into `pieces`; each rank keeps
+    its own rows of every piece (ranks hold consecutive blocks of the global batch). Mini-batch k therefore
+    holds the same completions whatever the process count, so a torchrun run takes the single-process updates.
+    A rank may hold no row of a piece: update_passes gives it a zero-weight pass."""
+    if pieces == 1:
+        return [torch.arange(rows)]
+    sizes = distributed.all_gather(rows)  # dynamic sampling may leave ranks with different counts
+    start = sum(sizes[: distributed.world()[0]])
+    g = torch.Generator().manual_seed((torch.initial_seed() * 1_000_003 + epoch) % 2**63)
+    order = torch.randperm(sum(sizes), generator=g)
+    return [piece[(piece >= start) & (piece < start + rows)] - start for piece in order.tensor_split(pieces)]
 
 
 def update_passes(

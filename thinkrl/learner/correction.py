@@ -7,6 +7,12 @@ checkpoint). See docs/methods.md, correction:
     mis  w = rho * [c_min <= rho <= c_max]              outliers masked out
 At sequence level rho_i = exp(sum_t log rho_it), one weight for all of the sequence's tokens. The weights
 are detached and multiply each method's per-token loss (TokenBatch.is_weights, applied by _common.reduce).
+
+A method whose loss already corrects some tokens back to the policy that wrote them declares it
+(Method.mismatch_corrected): "all" tokens (dppo, cppo, drpo with anchor=behav, whose ratio is pi_theta / mu;
+ais, whose weight is built from pi_old / mu) cannot take pi_old / mu a second time, so `conflict` refuses
+correction.mode tis / mis for them when the config is resolved; "prefix" tokens (thinking_seeds: ratioed
+against pi_h, their writer) keep weight 1 and stay out of a sequence's product (`weights(exempt=...)`).
 """
 
 from __future__ import annotations
@@ -23,11 +29,13 @@ def log_rho(old_logp: Tensor, behav_logp: Tensor, mask: Tensor) -> Tensor:
     return torch.where(mask, (old_logp - behav_logp).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT), 0.0)
 
 
-def weights(old_logp: Tensor, behav_logp: Tensor, mask: Tensor, cfg: CorrectionConfig) -> Tensor | None:
-    """(B, T) detached correction weights, or None when cfg.mode == 'none'."""
+def weights(old_logp: Tensor, behav_logp: Tensor, mask: Tensor, cfg: CorrectionConfig, exempt: Tensor | None = None) -> Tensor | None:
+    """(B, T) detached correction weights, or None when cfg.mode == 'none'. `exempt` (B, T): tokens the method
+    already corrects itself; their weight is 1 and they add nothing to a sequence's log rho."""
     if cfg.mode == "none":
         return None
-    lr = log_rho(old_logp.detach(), behav_logp, mask)  # (B, T)
+    corrected = mask if exempt is None else mask & ~exempt  # (B, T)
+    lr = log_rho(old_logp.detach(), behav_logp, corrected)  # (B, T)
     if cfg.level == "sequence":
         lr = lr.sum(-1, keepdim=True).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT).expand_as(lr)  # (B, T)
     rho = lr.exp()  # (B, T)
@@ -35,7 +43,21 @@ def weights(old_logp: Tensor, behav_logp: Tensor, mask: Tensor, cfg: CorrectionC
         w = rho.clamp(max=cfg.c_max)
     else:
         w = torch.where((rho >= cfg.c_min) & (rho <= cfg.c_max), rho, 0.0)
+    w = torch.where(corrected, w, 1.0)  # (B, T) exempt tokens: 1 even when c_max < 1 or MIS would mask rho = 1
     return torch.where(mask, w, 0.0).detach()
+
+
+def conflict(method, cfg: CorrectionConfig) -> str | None:
+    """One line refusing correction.mode tis / mis for a method that corrects every token from mu itself."""
+    if cfg.mode == "none" or method.mismatch_corrected != "all":
+        return None
+    fix = "set correction.mode=none"
+    if getattr(method.cfg, "anchor", None) == "behav":
+        why = "its ratio is already taken against the sampler mu (anchor=behav)"
+        fix += ", or method.anchor=old to ratio against pi_old and let the correction bridge mu -> pi_old"
+    else:
+        why = "it already weights every token by pi_old / mu"
+    return f"correction.mode={cfg.mode} with method {method.name}: {why}, so the weight pi_old / mu would correct each token twice; {fix}"
 
 
 @torch.no_grad()

@@ -9,6 +9,8 @@ forward (a differentiable KV cache), and the output head runs on generated posit
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import NamedTuple
 
 import torch
@@ -126,6 +128,31 @@ def visit_distributions(
     for s in range(0, h.shape[0], rows):
         logits = tempered_logits(head, config, h[s : s + rows], 1.0 if raw else temperature)  # (n, V)
         visit(logits if raw else torch.log_softmax(logits, -1), s)
+
+
+@contextlib.contextmanager
+def dropout_off(model) -> Iterator[None]:
+    """Dropout off in `model` for the block, train mode otherwise kept (gradient checkpointing needs it): every
+    dropout module (LoRA's lora_dropout included) and every attention module with a functional
+    `attention_dropout` (transformers applies it only when the module is training). The update phase runs all
+    its passes in here so that pi_old, the reference and the training forward are one policy
+    (thinkrl/learner/update.py)."""
+    dropping = [
+        m
+        for m in model.modules()
+        if m.training and (isinstance(m, torch.nn.modules.dropout._DropoutNd) or _positive(getattr(m, "attention_dropout", 0)))
+    ]
+    for m in dropping:
+        m.training = False  # the flag alone: .eval() would recurse into children that are not dropout
+    try:
+        yield
+    finally:
+        for m in dropping:
+            m.training = True
+
+
+def _positive(x) -> bool:
+    return isinstance(x, (int, float)) and x > 0
 
 
 class PolicyLogProbs(torch.nn.Module):

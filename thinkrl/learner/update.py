@@ -6,6 +6,15 @@ otherwise old_logp, and whatever else the method requires of pi_old, comes from 
 the first update (thinkrl/learner/old_policy.py), after which the method's begin_step sees the whole batch.
 Within a mini-batch, sequences are cut into micro-batches (thinkrl/learner/batching.py); losses use the
 mini-batch's global token and sequence counts, so the cut never changes the update.
+
+Every forward of the phase (the pi_old pass, the reference pass, the training forward) runs under one rule:
+train mode, dropout off (logprobs.dropout_off). The ratio must measure how the policy changed, not dropout
+noise: with dropout in the training forward alone the first mini-batch's ratio is not 1, and later ratios
+(and so the clip) carry the noise of two independent masks. Like the sampler (eval mode), pi_theta, pi_old
+and the reference are then deterministic functions of their weights; the price is that model.lora.dropout
+has no effect on RL updates (TRL's `disable_dropout` option makes the same trade).
+Train mode stays for what else it switches: gradient checkpointing.
+
 With several processes (thinkrl/distributed.py) "global" spans the ranks: counts are summed over them, the
 loss is scaled by the world size (DDP averages gradients), every rank runs exactly one gradient-synchronising
 backward per mini-batch (the others under no_sync), and a rank whose share of a mini-batch is all padding
@@ -35,9 +44,9 @@ from torch import Tensor
 from thinkrl import distributed
 from thinkrl.batch import TokenBatch
 from thinkrl.config import Config
-from thinkrl.learner import correction
-from thinkrl.learner.batching import RolloutBatch, update_passes
-from thinkrl.learner.logprobs import LogProbs
+from thinkrl.learner import correction, method_calls
+from thinkrl.learner.batching import RolloutBatch, mini_batch_rows, update_passes
+from thinkrl.learner.logprobs import LogProbs, dropout_off
 from thinkrl.learner.old_policy import OldPolicy, old_policy, policy_pass
 from thinkrl.methods import Method
 from thinkrl.ops import masked_mean
@@ -81,20 +90,19 @@ class _Step:
 def update(ctx: UpdateContext, rb: RolloutBatch, generator: torch.Generator) -> dict[str, float]:
     """Every optimizer step of one training step on rollout batch rb; returns the step's update metrics."""
     tc, method = ctx.cfg.train, ctx.method
-    old = old_policy(ctx.policy, rb, method, ctx.cfg, ctx.pad_id)  # nothing unless the update needs pi_old first
-    ref_logp = None
-    if "ref_logp" in method.requires and ctx.ref_model is not None:
-        with ctx.ref_model() as ref:
-            ref_logp = policy_pass(ref, rb, ctx.cfg, ctx.pad_id).logp
-    step_metrics = method.begin_step(_view(rb, old)) if old.logp is not None else {}
-    st = _Step(rb, old, ref_logp, generator, rb.comp.lengths.cpu(), rb.comp.mask.cpu(), {})
-    B = rb.comp.tokens.shape[0]
-    ctx.model.train()
-    for _ in range(tc.epochs):
-        # the global RNG is reseeded from (seed, step) each step, so this shuffle is reproducible
-        order = torch.randperm(B) if tc.mini_batches > 1 else torch.arange(B)
-        for mini in order.tensor_split(tc.mini_batches):  # exactly mini_batches pieces, on every rank
-            _mini_batch(ctx, st, mini, order)
+    ctx.model.train()  # before the pi_old pass too: one mode for every pass (module docstring)
+    with dropout_off(ctx.model):
+        old = old_policy(ctx.policy, rb, method, ctx.cfg, ctx.pad_id)  # nothing unless the update needs pi_old first
+        ref_logp = None
+        if "ref_logp" in method.requires and ctx.ref_model is not None:
+            with ctx.ref_model() as ref:
+                ref_logp = policy_pass(ref, rb, ctx.cfg, ctx.pad_id).logp
+        step_metrics = method_calls.begin_step(method, _view(rb, old)) if old.logp is not None else {}
+        st = _Step(rb, old, ref_logp, generator, rb.comp.lengths.cpu(), rb.comp.mask.cpu(), {})
+        B = rb.comp.tokens.shape[0]
+        for epoch in range(tc.epochs):
+            for mini in mini_batch_rows(B, tc.mini_batches, epoch):  # exactly mini_batches pieces, on every rank
+                _mini_batch(ctx, st, mini, torch.arange(B))
     return _metrics(ctx, st, step_metrics)
 
 
@@ -172,6 +180,8 @@ def _micro_loss(ctx: UpdateContext, st: _Step, rows: Tensor, num_tokens: int, nu
     def cut(x: Tensor | None) -> Tensor | None:
         return x[rows, :T] if x is not None else None
 
+    prefix = cut(rb.comp.prefix_mask)
+    exempt = prefix if ctx.method.mismatch_corrected == "prefix" else None  # tokens the method corrects itself
     batch = TokenBatch(
         logp=logp,
         old_logp=old_logp,
@@ -179,7 +189,7 @@ def _micro_loss(ctx: UpdateContext, st: _Step, rows: Tensor, num_tokens: int, nu
         advantages=rb.advantages[rows],
         mask=mask,
         token_ids=rb.comp.tokens[rows, :T],
-        prefix_mask=cut(rb.comp.prefix_mask),
+        prefix_mask=prefix,
         entropy=ent if "entropy" in needs else None,
         old_entropy=cut(old.entropy) if "old_entropy" in needs else None,
         ref_logp=cut(st.ref_logp),
@@ -190,9 +200,9 @@ def _micro_loss(ctx: UpdateContext, st: _Step, rows: Tensor, num_tokens: int, nu
         num_tokens=num_tokens,
         num_seqs=num_seqs,
         generator=st.generator,
-        is_weights=correction.weights(old_logp, behav, mask, cfg.correction),
+        is_weights=correction.weights(old_logp, behav, mask, cfg.correction, exempt),
     )
-    loss, metrics = ctx.method.loss(batch)
+    loss, metrics = method_calls.loss(ctx.method, batch)  # its return value checked: a plugin's mistake is one line
     # the sampler against the trainer: pi_old, or this forward's logp when pi_old is the sampler itself
     trainer_logp = logp.detach() if cfg.train.old_policy == "sampler" else old_logp
     sampled_now = mask if batch.prefix_mask is None else mask & ~batch.prefix_mask  # not historical prefixes

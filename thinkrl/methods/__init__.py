@@ -73,6 +73,15 @@ class Method(Generic[C]):
         self.cfg = build(self.Config, overrides, "method.")
 
     @property
+    def mismatch_corrected(self) -> str:
+        """Which tokens the loss itself already corrects back to the policy that wrote them (a ratio against
+        behav_logp, or a weight built from pi_old / mu): "none", "prefix" (the tokens of prefix_mask) or "all".
+        The trainer's TIS/MIS weight pi_old / mu would correct those twice, so it leaves their weight at 1
+        ("prefix") or refuses correction.mode tis / mis ("all"); thinkrl/learner/correction.py. The default
+        reads an AnchoredConfig's anchor: "all" when the ratio is taken against mu (anchor=behav)."""
+        return "all" if getattr(self.cfg, "anchor", None) == "behav" else "none"
+
+    @property
     def requires(self) -> set[str]:
         """Optional TokenBatch fields this method reads, e.g. {'entropy'}; the trainer supplies exactly these."""
         return set()

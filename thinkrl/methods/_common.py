@@ -229,15 +229,20 @@ def aggregate(
     raise ValueError(f"unknown aggregation {mode!r}")
 
 
-def reduce(per_token: Tensor, batch: TokenBatch, cfg: Reduction) -> Tensor:
+def reduce(per_token: Tensor, batch: TokenBatch, cfg: Reduction, unweighted: Tensor | None = None) -> Tensor:
     """The last line of a method's loss: apply the rollout-correction weights, then aggregate.
 
     `batch.is_weights` (TIS/MIS, set by the trainer from the `correction` config) multiplies the per-token
-    loss, so the correction works with any method. norm_length 0 means the padded length T: the trainer's
-    config resolution replaces it with rollout.max_new_tokens before any loss runs, so the fallback serves
-    direct calls (tests, notebooks) and is verl's default constant; micro-batches cut along B keep T.
+    loss, so the correction works with any method. `unweighted` (B, T) is added after the weights: terms
+    that regularise pi_theta itself rather than estimate the policy gradient under the sampler (grpo's KL to
+    the reference), which must not carry pi_old / mu weights (as in verl and TRL). norm_length 0 means the
+    padded length T: the trainer's config resolution replaces it with rollout.max_new_tokens before any loss
+    runs, so the fallback serves direct calls (tests, notebooks) and is verl's default constant;
+    micro-batches cut along B keep T.
     """
     if batch.is_weights is not None:
         per_token = per_token * batch.is_weights
+    if unweighted is not None:
+        per_token = per_token + unweighted
     norm_length = cfg.norm_length or batch.mask.shape[-1]
     return aggregate(per_token, batch.mask, cfg.aggregation, batch.num_tokens or 0, batch.num_seqs or 0, norm_length)

@@ -37,8 +37,9 @@ diagnostic), alpha_batch (this batch's clip(S R P)), alpha (what the loss uses),
 INTERPRETATION choices made here: before the first begin_step alpha = 0 (uncorrected), unless `alpha` is
 forced; `level: sequence` computes R and cv over per-sequence weights exp(mean_t log rho_t) (for
 when token-level ESS sits too close to 1), while K, V and the loss weights stay per token;
-with train.old_policy = sampler pi_old is mu, rho = 1 and AIS is grpo. Use it with correction.mode none:
-the trainer's TIS/MIS weights would multiply on top of w_t.
+with train.old_policy = sampler pi_old is mu, rho = 1 and AIS is grpo. w_t is itself a (blended) TIS weight
+built from pi_old / mu, so correction.mode tis / mis would correct every token twice (w_t min(rho, C));
+config resolution refuses the combination (`mismatch_corrected` = "all", thinkrl/learner/correction.py).
 """
 
 from __future__ import annotations
@@ -147,6 +148,10 @@ class AIS(Method[Config]):
     def __init__(self, **overrides) -> None:
         super().__init__(**overrides)
         self.alpha_state, self.started = 0.0, False  # alpha before any begin_step: uncorrected
+
+    @property
+    def mismatch_corrected(self) -> str:
+        return "all"  # w_t already weights every token by pi_old / mu
 
     @property
     def alpha(self) -> float:

@@ -24,6 +24,9 @@ mu = the sampler's log-probs (anchor=behav; old = pi_old, UniRL's "replay" ablat
 
 Relative to grpo: ratio against mu; the clip is replaced by the budgeted divergence mask; the kept tokens use
 the plain IS surrogate -A r. All statistics are per sequence, so micro-batching along B changes nothing.
+With anchor=behav the ratio already corrects each token from mu, so correction.mode tis / mis (a second
+weight pi_old / mu) is refused when the config is resolved; with anchor=old the ratio is against pi_old and
+the correction bridges mu -> pi_old (thinkrl/learner/correction.py).
 Confidence: EXACT-CODE (docs/methods.md, cppo).
 """
 

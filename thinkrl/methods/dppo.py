@@ -27,6 +27,9 @@ The Top-K variant (divergence over the top-K vocabulary entries) is not implemen
 
 Relative to grpo: the ratio is taken against mu, not pi_old; the clip is replaced by a divergence mask; the
 surviving tokens get a detached truncated ratio times log pi (CISPO-like) instead of the clipped surrogate.
+With anchor=behav the ratio already corrects each token from mu, so correction.mode tis / mis (a second
+weight pi_old / mu) is refused when the config is resolved; with anchor=old the ratio is against pi_old and
+the correction bridges mu -> pi_old (thinkrl/learner/correction.py).
 Confidence: EXACT-CODE (docs/methods.md, dppo).
 """
 

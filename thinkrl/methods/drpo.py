@@ -28,6 +28,9 @@ equal the one the log-probs are computed at (thinkrl uses rollout.temperature fo
 
 Relative to grpo: the ratio is taken against mu, not pi_old; there is no clip, every token keeps a
 gradient, scaled by the bounded weight w_t instead of being cut to zero outside a window.
+With anchor=behav the ratio already corrects each token from mu, so correction.mode tis / mis (a second
+weight pi_old / mu) is refused when the config is resolved; with anchor=old the ratio is against pi_old and
+the correction bridges mu -> pi_old (thinkrl/learner/correction.py).
 Confidence: EXACT-CODE + EXACT-PAPER (docs/methods.md, drpo) for anchor=behav; anchor=old (pi_old, UniRL's
 "replay" ablation) is offered as an option, as for cppo.
 """
@@ -35,6 +38,7 @@ Confidence: EXACT-CODE + EXACT-PAPER (docs/methods.md, drpo) for anchor=behav; a
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import Tensor
@@ -46,6 +50,7 @@ from thinkrl.methods._common import Aggregation, AnchoredConfig, anchored_ratio,
 
 @dataclass
 class Config(AnchoredConfig):
+    allow_inf: ClassVar[tuple[str, ...]] = ("delta",)  # inf = no penalty (config/typecheck.py refuses inf elsewhere)
     delta: float = 12.5
     """Regularisation threshold delta > 0 on |pi - mu| (paper 12.5; < 1 reaches the corrective regime; inf = no penalty)."""
     aggregation: Aggregation = "token-mean"

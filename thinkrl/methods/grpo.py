@@ -8,8 +8,13 @@ Objective (minimised), per token t of completion i with group-normalised advanta
     r     = pi_theta(y_t) / pi_old(y_t)
     l_t   = max(-r A_i, -clip(r, 1 - clip_low, 1 + clip_high) A_i)          (PPO clipped surrogate)
     l_t   = min(l_t, -dual_clip A_i)  where A_i < 0                         (optional dual clip)
-    l_t  += beta * KL_k3(pi_theta || pi_ref)                                (optional, beta > 0)
-    loss  = aggregate(l, mode=aggregation)                                  (seq-mean-token-mean in the paper)
+    k_t   = beta * KL_k3(pi_theta || pi_ref)                                (optional, beta > 0)
+    loss  = aggregate(w l + k, mode=aggregation)                            (seq-mean-token-mean in the paper)
+
+w is the trainer's rollout-correction weight (TIS/MIS, `correction.mode`; 1 when off). It multiplies the
+policy term only, as in verl (workers/utils/losses.py) and TRL: the surrogate estimates the policy gradient
+from tokens mu sampled, which is what pi_old / mu corrects, while the KL term is a regulariser on pi_theta
+itself. Weighting it would let MIS switch the penalty off (w = 0) exactly where the sampler disagrees most.
 
 With LoRA the reference model is the base model with the adapters disabled. Defaults: clip 0.2 both sides,
 no dual clip, beta 0 (TRL's default; DeepSeekMath used 0.04), seq-mean-token-mean aggregation.
@@ -50,9 +55,10 @@ class GRPO(Method[Config]):
         c = self.cfg
         ratio = log_ratio(batch.logp, batch.old_logp).exp()  # (B, T)
         per_token, _, metrics = clipped_loss(ratio, batch, c)  # (B, T)
+        penalty = None
         if c.beta > 0:
             assert batch.ref_logp is not None  # listed in requires
             kl = k3_kl(batch.logp, batch.ref_logp)  # (B, T)
-            per_token = per_token + c.beta * kl
+            penalty = c.beta * kl  # (B, T) added after the correction weights: a regulariser, not an estimate under mu
             metrics["kl/ref"] = masked_mean(kl, batch.mask)
-        return reduce(per_token, batch, c), metrics
+        return reduce(per_token, batch, c, unweighted=penalty), metrics

@@ -12,7 +12,18 @@ A_i, computed over the whole mixed group (seeded and unseeded completions share 
           = pi_theta(y_t) / pi_old(y_t)    on continuation tokens
     r_t   = min(r_t, prefix_cap)           on prefix tokens, when prefix_cap > 0 (pi_h is stale: r can be far from 1)
     l_t   = max(-r_t A_i, -clip(r_t, 1 - clip_low, 1 + clip_high) A_i)
-    loss  = token-mean of l
+    loss  = token-mean of w l       (w: the trainer's TIS/MIS weight, 1 on prefix tokens; see below)
+
+A prefix token above the cap passes no gradient whatever the sign of A, so it counts in clip/frac (and
+prefix/clip_frac) like a clipped token; prefix/cap_frac counts those alone. With A < 0 the clip window
+never acts above 1, so the cap is then the only thing removing the gradient.
+
+Rollout correction (`correction.mode` tis / mis, weight pi_old / mu): a continuation token was drawn by the
+sampler mu and is ratioed against pi_old, so the weight bridges mu -> pi_old as for any method. A prefix token
+is already ratioed against pi_h, the policy that wrote it (its behav_logp): pi_old / pi_h on top would
+correct it twice (pi_theta pi_old / pi_h^2), and MIS would drop most stale prefixes. So the trainer leaves
+the weight of prefix tokens at 1 and a sequence-level weight takes the product over continuation tokens
+only (`mismatch_corrected` = "prefix", thinkrl/learner/correction.py).
 
 Defaults: host dapo (clip 0.2 / 0.28) or grpo (0.2 / 0.2); prefix_cap 2; token-mean; GRPO advantages. With no
 prefix (L = 0 everywhere) it is exactly the host loss with token-mean; with pi_h = pi_old it is on-policy.
@@ -34,7 +45,7 @@ from torch import Tensor
 
 from thinkrl.batch import TokenBatch
 from thinkrl.methods import Method, register
-from thinkrl.methods._common import Aggregation, HostedConfig, clipped_loss, log_ratio, masked_mean, reduce
+from thinkrl.methods._common import Aggregation, HostedConfig, clip_metrics, clipped_loss, log_ratio, masked_mean, reduce
 
 
 @dataclass
@@ -63,6 +74,10 @@ class ThinkingSeeds(Method[Config]):
     }  # a pool that fills within a 40-step demo run
 
     @property
+    def mismatch_corrected(self) -> str:
+        return "prefix"  # prefix tokens are ratioed against pi_h, the policy that wrote them
+
+    @property
     def requires(self) -> set[str]:
         # prefix_mask: seeds.enabled defaults to on for this method. entropy: for the prefix / continuation
         # metrics (the training forward computes it anyway)
@@ -76,9 +91,15 @@ class ThinkingSeeds(Method[Config]):
         anchor = torch.where(prefix, batch.behav_logp, batch.old_logp)  # (B, T) pi_h on the prefix, pi_old after
         log_r = log_ratio(batch.logp, anchor)  # (B, T)
         ratio = torch.exp(log_r)  # (B, T)
+        capped = torch.zeros_like(mask)  # (B, T) prefix tokens whose gradient the cap removed
         if c.prefix_cap > 0:
+            capped = prefix & (ratio.detach() > c.prefix_cap) & (batch.advantages != 0)
             ratio = torch.where(prefix, ratio.clamp(max=c.prefix_cap), ratio)  # a capped token passes no gradient
         per_token, clipped, metrics = clipped_loss(ratio, batch, c)  # (B, T)
+        # the cap removes gradient the clip may not (A < 0 never clips above 1): count both as "lost to clipping"
+        clipped = clipped | capped
+        metrics.update(clip_metrics(clipped, ratio, mask))
+        metrics["prefix/cap_frac"] = masked_mean(capped, prefix)
         for name, part in (("prefix", prefix), ("cont", cont)):
             metrics[f"{name}/token_frac"] = masked_mean(part, mask)
             metrics[f"{name}/clip_frac"] = masked_mean(clipped, part)
