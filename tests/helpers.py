@@ -52,3 +52,41 @@ def odd_reward(completion: str, answer: str):
     if completion == "raise":
         raise KeyError(completion)
     return {"text": "high", "nan": float("nan")}.get(completion, 1.0)
+
+
+# graders with bugs (tests/test_bad_values.py): what a verifier.grader may return, right and wrong
+
+
+def shaped_grade(completion: str, answer: str):
+    """Returns what the completion names: "string" a str, "none" None, "two" a score of 2.0, "nan" a NaN score,
+    "triple" three values, "bare" a bare 1.0, "sympy" an extracted answer that is not a str, "raise" raises;
+    anything else (1.0, completion)."""
+    if completion == "raise":
+        raise ZeroDivisionError("division by zero")
+    shapes = {
+        "string": "1.0",
+        "none": None,
+        "two": (2.0, None),
+        "nan": (float("nan"), None),
+        "triple": (1.0, None, 3),
+        "bare": 1.0,
+        "sympy": (1, 42),
+    }
+    return shapes.get(completion, (1.0, completion))
+
+
+def always_raising_grade(completion: str, answer: str):
+    """A broken grader: it fails on every text."""
+    raise KeyError("answer_key")
+
+
+def odd_length_raising_grade(completion: str, answer: str):
+    """Raises on completions of odd length (a grader that some texts break); length_reward on the others."""
+    if len(completion) % 2:
+        raise ValueError("cannot parse")
+    return length_reward(completion, answer)
+
+
+def string_grade(completion: str, answer: str):
+    """Returns a string, not (score, extracted)."""
+    return "correct"

@@ -98,13 +98,13 @@ def test_empty_dataset_file(tmp_path, tiny_model_dir, text, error_line):
 def test_dataset_without_the_answer_column(tmp_path, tiny_model_dir, error_line):
     path = write(tmp_path / "d.jsonl", json.dumps({"problem": "What is 1 + 1?", "solution": "2"}) + "\n")
     line = error_line(train(tmp_path, tiny_model_dir, "--dataset", str(path)))
-    assert f"dataset {path} has no column 'answer' (columns: problem, solution); set data.answer_key" in line
+    assert f"dataset {path} has no column 'answer' (columns: 'problem', 'solution'); set data.answer_key" in line
 
 
 def test_csv_without_the_problem_column(tmp_path, tiny_model_dir, error_line):
     path = write(tmp_path / "d.csv", "question,answer\nWhat is 1 + 1?,2\n")
     line = error_line(train(tmp_path, tiny_model_dir, "--dataset", str(path)))
-    assert "has no column 'problem' (columns: question, answer); set data.problem_key" in line
+    assert "has no column 'problem' (columns: 'question', 'answer'); set data.problem_key" in line
 
 
 def test_every_prompt_longer_than_max_prompt_tokens(tmp_path, tiny_model_dir, error_line):

@@ -237,9 +237,9 @@ def test_a_real_failed_write_reports_one_line_and_leaves_no_partial_checkpoint(t
     "where, error, retry",
     [
         ("update", torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"), "-o train.micro_batch_tokens=2048"),
-        ("collect", RuntimeError("HIP out of memory. Tried to allocate 512.00 MiB"), "-o rollout.batch_size=32"),
+        ("collect", torch.OutOfMemoryError("HIP out of memory. Tried to allocate 512.00 MiB"), "-o rollout.batch_size=32"),
     ],
-    ids=["update-OutOfMemoryError", "generation-RuntimeError"],
+    ids=["update-cuda.OutOfMemoryError", "generation-OutOfMemoryError"],
 )
 def test_out_of_memory_names_the_memory_settings_and_saves_nothing_new(tiny_model_dir, tmp_path, monkeypatch, capsys, where, error, retry):
     out = tmp_path / "run"
@@ -274,5 +274,6 @@ def test_out_of_memory_names_the_memory_settings_and_saves_nothing_new(tiny_mode
 
 def test_only_out_of_memory_runtime_errors_become_user_errors():
     assert faults.is_out_of_memory(torch.cuda.OutOfMemoryError("CUDA out of memory"))
-    assert faults.is_out_of_memory(RuntimeError("MPS backend out of memory (MPS allocated: 1 GB)"))
+    assert faults.is_out_of_memory(torch.OutOfMemoryError("MPS backend out of memory (MPS allocated: 1 GB)"))
+    assert not faults.is_out_of_memory(RuntimeError("plugin: out of memory budget"))  # words are not an OOM
     assert not faults.is_out_of_memory(RuntimeError("shape mismatch"))  # a bug keeps its traceback

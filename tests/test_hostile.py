@@ -161,10 +161,10 @@ def test_a_worker_killed_mid_sample_is_replaced_and_its_sample_scores_zero():
         scores, extracted, stats = pool.grade(["sleep", "\\boxed{3}", "\\boxed{4}"], ["1", "3", "4"])
         elapsed = time.monotonic() - start
         assert scores == [0.0, 1.0, 1.0] and extracted[0] is None
-        assert stats == {"timeouts": 0, "crashes": 1}
+        assert stats == {"timeouts": 0, "crashes": 1, "errors": 0}
         assert elapsed < 60  # noticed by the pipe closing, not by the 60 s time limit
         assert victim not in pool.pids and len(pool.pids) == 2
-        assert pool.score(["\\boxed{3}", "\\boxed{5}"], ["3", "5"]) == ([1.0, 1.0], {"timeouts": 0, "crashes": 0})
+        assert pool.score(["\\boxed{3}", "\\boxed{5}"], ["3", "5"]) == ([1.0, 1.0], {"timeouts": 0, "crashes": 0, "errors": 0})
 
 
 @linux_only
@@ -175,14 +175,14 @@ def test_a_worker_killed_while_idle_is_replaced_and_no_sample_is_lost():
         assert _wait_dead(victim)
         scores, stats = pool.score(["\\boxed{1}", "\\boxed{2}", "\\boxed{3}"], ["1", "2", "3"])
     assert scores == [1.0, 1.0, 1.0]  # the sample meant for the dead worker went to its replacement
-    assert stats == {"timeouts": 0, "crashes": 1}
+    assert stats == {"timeouts": 0, "crashes": 1, "errors": 0}
 
 
 def test_the_memory_cap_turns_an_allocation_into_a_zero_score():
     with VerifierPool(workers=1, timeout=30, memory_mb=512, grade_fn=hungry_grade) as pool:
         scores, extracted, stats = pool.grade(["anything"], ["1"])
     assert scores == [0.0] and extracted == [None]
-    assert stats == {"timeouts": 0, "crashes": 0}  # MemoryError inside the worker, which lives on
+    assert stats == {"timeouts": 0, "crashes": 0, "errors": 1}  # MemoryError inside the worker (counted), which lives on
 
 
 def test_the_trainer_process_never_parses_a_completion(monkeypatch):
@@ -217,7 +217,7 @@ def test_the_trainer_process_never_parses_a_completion(monkeypatch):
     with VerifierPool(workers=1, timeout=10, grade_fn=verifier.grade) as pool:
         scores, extracted, stats = pool.grade(["\\boxed{\\frac{1}{2}}", "The answer is 42.", "\\boxed{7}"], ["0.5", "42", "8"])
     assert scores == [1.0, 1.0, 0.0] and extracted[2] == "7"
-    assert calls == [] and stats == {"timeouts": 0, "crashes": 0}
+    assert calls == [] and stats == {"timeouts": 0, "crashes": 0, "errors": 0}
 
 
 def test_a_process_that_only_uses_the_pool_never_imports_sympy():

@@ -84,7 +84,7 @@ def test_the_pool_runs_several_functions_per_sample_in_its_own_workers(pool):
     scores, extracted, values, stats = pool.evaluate(texts, answers, specs)
     assert pool.pids == pids  # no process started for the reward functions
     assert (scores, extracted) == tuple(map(list, zip(*(grade(t, a) for t, a in zip(texts, answers)))))
-    assert scores == [1.0, 1.0, 0.0, 0.0] and stats == {"timeouts": 0, "crashes": 0}
+    assert scores == [1.0, 1.0, 0.0, 0.0] and stats == {"timeouts": 0, "crashes": 0, "errors": 0}
     assert values == [
         [("ok", format_boxed(t, "")) for t in texts],
         [("ok", min(len(set(t)), 20) / 20) for t in texts],
@@ -112,7 +112,7 @@ def test_reward_set_weighs_the_values_and_names_the_means(pool):
 def test_the_default_is_the_verifier_alone_and_logs_nothing_new(pool):
     rs = RewardSet(default_reward_functions())
     scores, _, parts, stats = rs.evaluate(pool, ["\\boxed{4}", "\\boxed{3}"], ["4", "4"])
-    assert not rs.custom and not rs.specs and stats == {"timeouts": 0, "crashes": 0}
+    assert not rs.custom and not rs.specs and stats == {"timeouts": 0, "crashes": 0, "errors": 0}
     assert rs.totals(parts) == scores == [1.0, 0.0] and rs.means(parts) == {}
 
 
@@ -231,8 +231,9 @@ def test_a_run_without_reward_functions_logs_what_it_always_did(tiny_model_dir, 
     zero = "[{name: correct, function: verifier, weight: 1}, {name: zero, function: helpers:distinct_chars, weight: 0}]"
     invoke(tiny_args(tiny_model_dir, tmp_path / "zero", 2, "-o", f"reward.functions={zero}"))
     default, explicit = (read_jsonl(tmp_path / run / "metrics.jsonl") for run in ("default", "zero"))
-    new = {"reward/correct", "reward/zero", "verifier/errors"}
+    new = {"reward/correct", "reward/zero"}  # verifier/errors (the grader's exceptions too) is in both
     for d, e in zip(default, explicit, strict=True):
+        assert d["verifier/errors"] == e["verifier/errors"] == 0
         assert not new & set(d) and {k for k in d if k.startswith("reward/")} == {"reward/mean", "reward/std", "reward/shaped_mean"}
         assert set(e) == set(d) | new
         assert {k: v for k, v in d.items() if not k.startswith(TIMES)} == {k: v for k, v in e.items() if k in d and not k.startswith(TIMES)}

@@ -58,7 +58,7 @@ def test_pool_scores_match_in_process_scores():
     with VerifierPool(workers=2, timeout=10) as pool:
         scores, stats = pool.score(completions, golds)
     assert scores == [e for _, _, e in TABLE]
-    assert stats == {"timeouts": 0, "crashes": 0}
+    assert stats == {"timeouts": 0, "crashes": 0, "errors": 0}
 
 
 def test_pool_times_out_a_slow_sample_and_keeps_going():

@@ -14,7 +14,8 @@ so the verifier's score is part of the reward only when an entry names it:
 The reward the advantages see is the sum of weight x value (plus reward.overlong_buffer's penalty), logged as
 reward/shaped_mean; each function's mean over the step's completions is logged as reward/<name>. The verifier's
 score stays the accuracy whatever the weights: reward/mean, dynamic sampling and eval use it. A run that leaves
-reward.functions alone (the verifier, weight 1) computes and logs exactly what it did before the key existed.
+reward.functions alone (the verifier, weight 1) computes and logs exactly what it did before the key existed
+(verifier/errors, which counts the grader's exceptions too, is logged by every run).
 
 Reward functions read model output, i.e. untrusted text, so they run where the grader does: in VerifierPool's
 workers, each (completion, function) pair a task of its own under verifier.timeout and the memory cap. A task
@@ -116,13 +117,14 @@ class RewardSet:
 
     def evaluate(self, pool, texts: list[str], answers: list) -> tuple[list[float], list, list[list[float]], dict[str, int]]:
         """The verifier's scores and extracted answers, each text's values (one per entry, in the entries' order)
-        and the pool's counts: {'timeouts', 'crashes'}, plus 'errors' when reward functions ran in the workers."""
+        and the pool's counts: {'timeouts', 'crashes', 'errors'} (errors: exceptions of the grader and reward functions)."""
         if not self.specs:
             scores, extracted, stats = pool.grade(texts, answers)
             values: list = []
         else:
             scores, extracted, values, stats = pool.evaluate(texts, answers, self.specs)
-            stats = {**stats, "errors": sum(r is not None and r[0] == "raised" for column in values for r in column)}
+            raised = sum(r is not None and r[0] == "raised" for column in values for r in column)
+            stats = {**stats, "errors": stats.get("errors", 0) + raised}
         worker_columns = iter(values)
         columns = [scores if e.function == VERIFIER else _numbers(e, next(worker_columns)) for e in self.entries]
         return scores, extracted, [list(row) for row in zip(*columns)], stats

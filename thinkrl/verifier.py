@@ -11,15 +11,21 @@ grades in worker processes with a per-sample time limit and an address-space lim
 past the limit, or whose worker dies, scores 0, is counted, and the worker is replaced. Extraction is
 linear in the completion's length and a boxed answer longer than MAX_ANSWER_CHARS scores 0 unparsed, so
 long or deeply nested output costs a pass over the text, not a sympy parse (tests/test_hostile.py).
+What a grader returns is checked in the worker: (score in [0, 1], extracted answer or None), or a bare score;
+anything else stops the run with one line naming the grader. An exception scores 0 and is counted (errors),
+unless it happens on every completion graded together: then the grader is broken, and that is an error too.
 """
 
 from __future__ import annotations
 
 import atexit
 import multiprocessing as mp
+import numbers
 import re
 import time
 from multiprocessing.connection import Connection, wait
+
+from thinkrl.errors import short
 
 TAIL_CHARS = 4000  # unboxed fallback: answers sit at the end; bounds the text math-verify scans
 MAX_ANSWER_CHARS = 1000  # a longer boxed "answer" is not one (MATH answers are < 200 chars): 0, unparsed
@@ -131,13 +137,37 @@ def _worker(conn: Connection, memory_mb: int, grade_fn) -> None:
             if function is not None:
                 value = rewards.call(function, completion, answer, loaded)
             else:
-                try:
-                    value = grade_fn(completion, answer)
-                except BaseException:  # malformed input scores 0 and never kills the worker; math-verify's
-                    value = (0.0, None)  # TimeoutException derives from BaseException, not Exception
+                value = _grade_report(grade_fn, completion, answer)
             conn.send((task, value))
     except (EOFError, OSError):  # the trainer is gone
         return
+
+
+def _grade_report(grade_fn, completion: str, answer: str) -> tuple[str, object]:
+    """In a worker: grade_fn on one completion -> ("ok", (score, extracted)), ("raised", the exception) or ("bad",
+    what is wrong with the value it returned). A bare number stands for (score, None), as thinkrl/rewards.py takes
+    a grader's pair for its number; the score must be in [0, 1] (it is the accuracy), and an extracted answer
+    that is not a string (a sympy expression, an int) is sent as its str()."""
+    try:
+        value = grade_fn(completion, answer)
+    except BaseException as e:  # malformed input scores 0, is counted, and never kills the worker; math-verify's
+        return "raised", f"{type(e).__name__}: {e}"[:200]  # TimeoutException derives from BaseException, not Exception
+    if isinstance(value, (tuple, list)) and len(value) == 2:
+        score, extracted = value
+    elif isinstance(value, numbers.Real):
+        score, extracted = value, None
+    else:
+        return "bad", f"returned {short(value)} ({type(value).__name__}), not (score, extracted answer or None)"
+    if not isinstance(score, numbers.Real) or not 0 <= score <= 1:  # NaN fails the range too
+        return "bad", f"returned the score {short(score)} ({type(score).__name__}), not a number in [0, 1]"
+    if extracted is not None and not isinstance(extracted, str):
+        extracted = str(extracted)[:MAX_ANSWER_CHARS]
+    return "ok", (float(score), extracted)
+
+
+def grader_name(fn) -> str:
+    """'module:function' of a grade function, as verifier.grader spells it."""
+    return f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', type(fn).__name__)}"
 
 
 def _tie_to_trainer() -> None:
@@ -167,7 +197,7 @@ class VerifierPool:
     """Worker processes that grade completions with a per-sample time limit.
 
     pool = VerifierPool(workers=2, timeout=5.0)
-    rewards, stats = pool.score(completions, answers)   # stats: timeouts, crashes
+    rewards, stats = pool.score(completions, answers)   # stats: timeouts, crashes, errors (the grader raised)
     scores, extracted, stats = pool.grade(completions, answers)
     scores, extracted, values, stats = pool.evaluate(completions, answers, functions)   # reward.functions
     pool.close()
@@ -177,6 +207,7 @@ class VerifierPool:
         """grade_fn: a module-level function (completion, answer) -> (score, extracted); tests inject faults here.
         It travels to the workers by reference (module and name) and each worker imports it afresh."""
         self.timeout, self.memory_mb, self.grade_fn = timeout, memory_mb, grade_fn
+        self.last_failures: dict[int, str] = {}  # of the last evaluate() call: completion index -> "timeout" / "crash"
         self._ctx = mp.get_context("spawn")  # never fork the trainer (torch threads, CUDA state)
         # Workers ignore SIGTERM, and multiprocessing's own exit hook would SIGTERM them and wait for ever:
         # close first (atexit runs last-registered first, and multiprocessing registered its hook on import),
@@ -235,17 +266,21 @@ class VerifierPool:
         return scores, stats
 
     def grade(self, completions: list[str], answers: list[str]) -> tuple[list[float], list[str | None], dict[str, int]]:
-        """Scores, extracted answers and {'timeouts', 'crashes'}; a timed-out or crashed sample gets (0, None)."""
+        """Scores, extracted answers and {'timeouts', 'crashes', 'errors'}; a sample that timed out, crashed its worker
+        or made the grader raise gets (0, None) (errors: how many raised; see _grades for what stops instead)."""
         scores, extracted, _, stats = self.evaluate(completions, answers)
         return scores, extracted, stats
 
     def evaluate(self, completions: list[str], answers: list[str], functions: list | tuple = ()) -> tuple[list[float], list, list, dict]:
         """grade(), plus reward functions (specs for thinkrl.rewards.call) on every completion, in the same workers:
         each (completion, function) pair is a task of its own under the time limit. values[f][i]: what the worker
-        reported for function f on completion i, or None when that task timed out or crashed (counted in stats)."""
+        reported for function f on completion i, or None when that task timed out or crashed (counted in stats).
+        Afterwards `last_failures` maps each completion whose grading timed out or crashed to "timeout" / "crash"
+        (thinkrl eval records it per sample)."""
         n_f = len(specs := [None, *functions])  # None: grade_fn
         results: list = [None] * (len(completions) * n_f)  # task t: completion t // n_f, spec t % n_f
         stats = {"timeouts": 0, "crashes": 0}
+        failures: dict[int, str] = {}  # completion -> why its grade task got no result
         todo = list(range(len(results)))[::-1]
         resent: set[int] = set()
         busy: dict[int, tuple[int, float]] = {}  # worker slot -> (task, start time)
@@ -260,6 +295,8 @@ class VerifierPool:
                         if t not in resent:
                             resent.add(t)
                             todo.append(t)
+                        elif t % n_f == 0:
+                            failures[t // n_f] = "crash"
             if not busy:  # every send found a dead worker: hand the samples to the replacements
                 continue
             conns = {self._workers[i][1]: i for i in busy}
@@ -269,9 +306,11 @@ class VerifierPool:
                 i = conns[conn]
                 try:
                     t, value = conn.recv()
-                    results[t] = value if t % n_f else (float(value[0]), value[1])
+                    results[t] = value
                 except (EOFError, OSError):  # worker died mid-sample (e.g. out of memory, or killed)
                     stats["crashes"] += 1
+                    if busy[i][0] % n_f == 0:
+                        failures[busy[i][0] // n_f] = "crash"
                     self._replace(i)
                 del busy[i]
             now = time.monotonic()
@@ -279,11 +318,32 @@ class VerifierPool:
                 # poll: a result that arrived while another worker was being replaced is not a timeout
                 if now - start > self.timeout and not self._workers[i][1].poll():
                     stats["timeouts"] += 1
+                    if busy[i][0] % n_f == 0:
+                        failures[busy[i][0] // n_f] = "timeout"
                     self._replace(i)
                     del busy[i]
-        graded = [r or (0.0, None) for r in results[::n_f]]
+        self.last_failures = failures
+        graded, stats["errors"] = self._grades(results[::n_f])
         values = [results[f::n_f] for f in range(1, n_f)]
         return [g[0] for g in graded], [g[1] for g in graded], values, stats
+
+    def _grades(self, reports: list) -> tuple[list[tuple[float, str | None]], int]:
+        """The workers' reports on grade_fn -> (score, extracted) per completion, and how many raised. A timeout,
+        crash or exception scores (0.0, None): untrusted text may break a grader. A return value of the wrong shape,
+        or an exception on every completion (two or more), is the grader's fault, not the text's: a UserError."""
+        from thinkrl.errors import UserError
+
+        name = grader_name(self.grade_fn)
+        bad = next((r[1] for r in reports if r is not None and r[0] == "bad"), None)
+        if bad is not None:
+            raise UserError(f"verifier.grader {name} {bad}; a grader returns (score in [0, 1], extracted answer or None)")
+        raised = [r[1] for r in reports if r is not None and r[0] == "raised"]
+        if len(reports) >= 2 and len(raised) == len(reports):
+            raise UserError(
+                f"verifier.grader {name} raised on every one of the {len(reports)} completions graded together (the first: "
+                f"{raised[0]}), so the grader is broken, not the text; fix it (call it on one completion to see the traceback)"
+            )
+        return [r[1] if r is not None and r[0] == "ok" else (0.0, None) for r in reports], len(raised)
 
     def close(self) -> None:
         atexit.unregister(self.close)

@@ -34,6 +34,8 @@ def read_yaml(path: Path) -> list[tuple[str, Any, int]]:
         raise UserError(f"{where}: malformed YAML: {e.problem or e.context}") from None
     except yaml.YAMLError as e:
         raise UserError(f"{path}: malformed YAML: {str(e).splitlines()[0]}") from None
+    except ValueError as e:  # an integer of more than 4,300 digits: no setting takes one
+        raise UserError(f"{path}: a value could not be read ({str(e).split(';')[0]})") from None
     finally:
         loader.dispose()
     if data is None:

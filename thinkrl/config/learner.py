@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Literal
 
 from thinkrl.config.typecheck import check
+from thinkrl.errors import short
 
 
 @dataclass
@@ -16,7 +18,7 @@ class AdvantageConfig:
     """Added to the group std (grpo estimator)."""
 
     def __post_init__(self) -> None:
-        check((self.eps >= 0, f"eps must be >= 0, got {self.eps}"))
+        check((0 <= self.eps < math.inf, f"eps must be >= 0 and finite, got {self.eps}"))
 
 
 @dataclass
@@ -33,7 +35,10 @@ class CorrectionConfig:
 
     def __post_init__(self) -> None:
         check(
-            (self.c_max > 0 and 0 <= self.c_min < self.c_max, f"c_min and c_max need 0 <= c_min < c_max, got {self.c_min} and {self.c_max}")
+            (
+                0 <= self.c_min < self.c_max < math.inf,
+                f"c_min and c_max need 0 <= c_min < c_max, both finite, got {self.c_min} and {self.c_max}",
+            )
         )
 
 
@@ -81,12 +86,12 @@ class TrainConfig:
     def __post_init__(self) -> None:
         check(
             (self.steps >= 1, f"steps must be >= 1, got {self.steps}"),
-            (self.lr > 0, f"lr must be > 0, got {self.lr}"),
+            (0 < self.lr < math.inf, f"lr must be > 0 and finite, got {self.lr}"),
             (self.warmup_steps >= 0, f"warmup_steps must be >= 0, got {self.warmup_steps}"),
-            (self.weight_decay >= 0, f"weight_decay must be >= 0, got {self.weight_decay}"),
-            (len(self.adam_betas) == 2, f"adam_betas needs two values, got {self.adam_betas}"),
-            (all(0 <= b < 1 for b in self.adam_betas), f"adam_betas must each be in [0, 1), got {self.adam_betas}"),
-            (self.grad_clip >= 0, f"grad_clip must be >= 0 (0 = off), got {self.grad_clip}"),
+            (0 <= self.weight_decay < math.inf, f"weight_decay must be >= 0 and finite, got {self.weight_decay}"),
+            (len(self.adam_betas) == 2, f"adam_betas needs two values, got {short(self.adam_betas)}"),
+            (all(0 <= b < 1 for b in self.adam_betas), f"adam_betas must each be in [0, 1), got {short(self.adam_betas)}"),
+            (0 <= self.grad_clip < math.inf, f"grad_clip must be >= 0 and finite (0 = off), got {self.grad_clip}"),
             (self.micro_batch_tokens >= 0, f"micro_batch_tokens must be >= 0 (0 = no cap), got {self.micro_batch_tokens}"),
             (self.micro_batch_size >= 1, f"micro_batch_size must be >= 1, got {self.micro_batch_size}"),
             (self.mini_batches >= 1, f"mini_batches must be >= 1, got {self.mini_batches}"),

@@ -23,8 +23,8 @@ import yaml
 from thinkrl.config import Config, MethodSection
 from thinkrl.config.files import read_yaml
 from thinkrl.config.hints import unknown_key_hint
-from thinkrl.config.typecheck import coerce, hints
-from thinkrl.errors import UserError
+from thinkrl.config.typecheck import check_finite, coerce, hints
+from thinkrl.errors import UserError, short
 
 
 def all_keys(cls: type = Config, prefix: str = "") -> list[str]:
@@ -61,7 +61,7 @@ def _set(cfg: Config, dotted: str, value: Any) -> None:
         if i == len(parts) - 1:
             if dataclasses.is_dataclass(tp):
                 if not isinstance(value, dict):
-                    raise UserError(f"{dotted}: expected a mapping of its keys, got {value!r}")
+                    raise UserError(f"{dotted}: expected a mapping of its keys, got {short(value)}")
                 for k, v in value.items():
                     _set(cfg, f"{dotted}.{k}", v)
             else:
@@ -89,7 +89,7 @@ def parse_override(text: str) -> tuple[str, Any]:
     key, raw = text.split("=", 1)
     try:
         value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError:
+    except (yaml.YAMLError, ValueError):  # ValueError: an integer past Python's 4,300-digit limit
         value = raw
     return key.strip(), value
 
@@ -101,7 +101,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] = (), recip
     if path is not None:
         path = Path(path)
         entries += [(key, value, f"{path}:{line}") for key, value, line in read_yaml(path)]
-    entries += [(*parse_override(text), f"-o {text}") for text in overrides]
+    entries += [(*parse_override(text), f"-o {text if len(text) <= 200 else text[:197] + '...'}") for text in overrides]
     entries += [(key, value, f"--{key.rsplit('.', 1)[-1].replace('_', '-')}") for key, value in shorthands.items() if value is not None]
     name = next((v for k, v, _ in reversed(entries) if k == "method.name"), MethodSection.name)
     use_recipe = next((v for k, v, _ in reversed(entries) if k == "method.recipe"), True) if recipe is None else recipe
@@ -140,16 +140,20 @@ def validate(cfg: Any, prefix: str = "") -> None:
             post_init()
         except ValueError as e:
             raise UserError(f"{prefix}{e}") from None
+    check_finite(cfg, prefix)  # after the section's own checks: their messages name the range
 
 
 def resolve(cfg: Config) -> Config:
     """Check every section, then the rules that span sections; fill derived values (the method's full
     params, seeds.enabled, the constant L of seq-mean-token-sum-norm, output_dir)."""
+    from thinkrl.learner.correction import conflict
     from thinkrl.methods import get_method  # late: methods import config helpers
 
     validate(cfg)
     method = get_method(cfg.method.name, **cfg.method.params)
     cfg.method.params = method.config_dict()
+    if (refusal := conflict(method, cfg.correction)) is not None:  # a method that corrects from mu itself
+        raise UserError(refusal)
     if cfg.seeds.enabled is None:
         cfg.seeds.enabled = "prefix_mask" in method.requires
     if cfg.method.params.get("norm_length") == 0:  # seq-mean-token-sum-norm's constant L: the budget
@@ -214,4 +218,7 @@ def to_dict(cfg: Config) -> dict[str, Any]:
 
 
 def save_config(cfg: Config, path: str | Path) -> None:
-    Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    """Atomically (thinkrl/run/atomic.py): a full disk or a kill leaves the previous config.yaml whole."""
+    from thinkrl.run.atomic import write_atomic
+
+    write_atomic(path, yaml.safe_dump(to_dict(cfg), sort_keys=False))

@@ -10,6 +10,7 @@ from typing import Literal
 import yaml
 
 from thinkrl.config.typecheck import check
+from thinkrl.errors import short
 
 
 @dataclass
@@ -69,7 +70,7 @@ class RolloutConfig:
             (self.prompts_per_step >= 1, f"prompts_per_step must be >= 1, got {self.prompts_per_step}"),
             (self.max_new_tokens >= 1, f"max_new_tokens must be >= 1, got {self.max_new_tokens}"),
             (0 <= self.min_new_tokens <= self.max_new_tokens, f"min_new_tokens must be in [0, max_new_tokens], got {self.min_new_tokens}"),
-            (self.temperature > 0, f"temperature must be > 0 for training (sampling), got {self.temperature}"),
+            (0 < self.temperature < math.inf, f"temperature must be > 0 for training (sampling) and finite, got {self.temperature}"),
             (0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}"),
             (self.top_k >= 0, f"top_k must be >= 0 (0 = off), got {self.top_k}"),
             (self.staleness >= 0, f"staleness must be >= 0 (0 = sample with the current policy), got {self.staleness}"),
@@ -98,10 +99,13 @@ class RewardFunction:
     def __post_init__(self) -> None:
         plain = re.fullmatch(r"[A-Za-z0-9_.-]+", self.name) is not None
         check(
-            (plain, f"name must be letters, digits, _ . - (it names the metric reward/<name>), got {self.name!r}"),
-            (self.function == "verifier" or ":" in self.function, f"function must be 'verifier' or module:function, got {self.function!r}"),
+            (plain, f"name must be letters, digits, _ . - (it names the metric reward/<name>), got {short(self.name)}"),
+            (
+                self.function == "verifier" or ":" in self.function,
+                f"function must be 'verifier' or module:function, got {short(self.function)}",
+            ),
             (math.isfinite(self.weight), f"weight must be a finite number, got {self.weight}"),
-            (self.function != "verifier" or not self.options, f"options: 'verifier' takes none, got {self.options}"),
+            (self.function != "verifier" or not self.options, f"options: 'verifier' takes none, got {short(self.options)}"),
         )
 
     def __repr__(self) -> str:
@@ -130,8 +134,8 @@ class RewardConfig:
 
     def __post_init__(self) -> None:
         check(
-            (self.overlong_buffer >= 0, f"overlong_buffer must be >= 0 (0 = off), got {self.overlong_buffer}"),
-            (self.overlong_penalty >= 0, f"overlong_penalty must be >= 0, got {self.overlong_penalty}"),
+            (0 <= self.overlong_buffer < math.inf, f"overlong_buffer must be >= 0 and finite (0 = off), got {self.overlong_buffer}"),
+            (0 <= self.overlong_penalty < math.inf, f"overlong_penalty must be >= 0 and finite, got {self.overlong_penalty}"),
             (len(self.functions) >= 1, "functions must hold at least one {name, function, weight} (the default: the verifier)"),
         )
         names = [f.name for f in self.functions]
@@ -141,6 +145,9 @@ class RewardConfig:
         )
 
 
+MAX_TIMEOUT = 86_400  # seconds: a day per completion is no limit at all; past 2**31 ms (24 days) the pool's wait() overflows
+
+
 @dataclass
 class VerifierConfig:
     timeout: float = 5.0
@@ -148,11 +155,12 @@ class VerifierConfig:
     workers: int = 2
     """Grading worker processes."""
     grader: str = "thinkrl.verifier:grade"
-    """module:function (completion, answer) -> (score, extracted answer or None), run in the workers."""
+    """module:function (completion, answer) -> (score in [0, 1], extracted answer or None), or a bare score, run in
+    the workers; an exception scores 0 (verifier/errors), but one on every completion of a step stops the run."""
 
     def __post_init__(self) -> None:
         check(
-            (self.timeout > 0, f"timeout must be > 0 seconds, got {self.timeout}"),
+            (0 < self.timeout <= MAX_TIMEOUT, f"timeout must be in (0, {MAX_TIMEOUT}] seconds (a day), got {self.timeout}"),
             (self.workers >= 1, f"workers must be >= 1, got {self.workers}"),
         )
 

@@ -10,12 +10,14 @@ arithmetic task, sized for 2 CPU cores (see `make demo`); configs/ holds recipes
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from thinkrl.config.learner import AdvantageConfig, CorrectionConfig, TrainConfig
 from thinkrl.config.rollout import RewardConfig, RolloutConfig, SeedsConfig, VerifierConfig
 from thinkrl.config.typecheck import check
+from thinkrl.errors import short
 
 
 @dataclass
@@ -25,14 +27,15 @@ class LoraConfig:
     alpha: float = 32.0
     """LoRA scaling numerator (the update is scaled by alpha / rank)."""
     dropout: float = 0.0
-    """Dropout on the LoRA branch."""
+    """Dropout on the LoRA branch. RL updates run with dropout off (pi_old, the reference and the training forward must
+    see one deterministic policy, so a ratio starts at exactly 1); it acts only if the adapter is trained elsewhere."""
     target_modules: list[str] = field(default_factory=lambda: ["all-linear"])
     """Module names to adapt; 'all-linear' = every linear layer except the output head."""
 
     def __post_init__(self) -> None:
         check(
             (self.rank >= 0, f"rank must be >= 0 (0 = full fine-tuning), got {self.rank}"),
-            (self.alpha > 0, f"alpha must be > 0 (the update is scaled by alpha / rank), got {self.alpha}"),
+            (0 < self.alpha < math.inf, f"alpha must be > 0 and finite (the update is scaled by alpha / rank), got {self.alpha}"),
             (0 <= self.dropout < 1, f"dropout must be in [0, 1), got {self.dropout}"),
         )
 
@@ -75,7 +78,7 @@ class ArithConfig:
 
     def __post_init__(self) -> None:
         check(
-            (bool(self.ops) and not set(self.ops) - set("+-*"), f"ops must be drawn from '+-*', got {self.ops!r}"),
+            (bool(self.ops) and not set(self.ops) - set("+-*"), f"ops must be drawn from '+-*', got {short(self.ops)}"),
             (self.terms >= 2, f"terms must be >= 2, got {self.terms}"),
             (self.min_value <= self.max_value, f"min_value must be <= max_value, got {self.min_value} > {self.max_value}"),
             (self.train_size >= 0 and self.test_size >= 0, "train_size and test_size must be >= 0"),
@@ -111,6 +114,11 @@ class DataConfig:
         )
 
 
+MAX_EVAL_N = 100_000  # samples per problem (eval.n, thinkrl eval --n)
+EVAL_N_WHY = "one problem's n completions are decoded and graded together, and past 100,000 avg@n's interval is under 0.003"
+MAX_EVAL_SAMPLES = 10_000_000  # n x problems: samples.jsonl holds a line per completion and the summary reads them all back
+
+
 @dataclass
 class EvalConfig:
     every: int = 0
@@ -130,9 +138,12 @@ class EvalConfig:
         check(
             (self.every >= 0, f"every must be >= 0 (0 = never), got {self.every}"),
             (self.limit >= 0, f"limit must be >= 0 (0 = all), got {self.limit}"),
-            (self.n is None or self.n >= 1, f"n must be >= 1, got {self.n}"),
+            (self.n is None or 1 <= self.n <= MAX_EVAL_N, f"n must be in [1, {MAX_EVAL_N}] ({EVAL_N_WHY}), got {self.n}"),
             (self.max_new_tokens is None or self.max_new_tokens >= 1, f"max_new_tokens must be >= 1, got {self.max_new_tokens}"),
-            (self.preset in ("auto", "train", "greedy", "reasoning"), f"preset={self.preset!r}: choose auto, train, greedy or reasoning"),
+            (
+                self.preset in ("auto", "train", "greedy", "reasoning"),
+                f"preset={short(self.preset)}: choose auto, train, greedy or reasoning",
+            ),
         )
 
 
@@ -144,6 +155,9 @@ class LogConfig:
     """Also log to these Accelerate trackers: tensorboard, wandb, mlflow, ... (metrics.jsonl is always written)."""
     project: str = "thinkrl"
     """Tracker project name (W&B/MLflow project; TensorBoard: RUN_DIR/trackers/<project>/)."""
+
+    def __post_init__(self) -> None:
+        check((self.rollouts_every >= 0, f"rollouts_every must be >= 0 (0 = never), got {self.rollouts_every}"))
 
 
 @dataclass
@@ -172,4 +186,4 @@ class Config:
     log: LogConfig = field(default_factory=LogConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     output_dir: str | None = None
-    """Run directory; default runs/<timestamp>-<method>."""
+    """Run directory; default runs/<timestamp>-<random>-<method>."""

@@ -10,12 +10,13 @@ import ast
 import dataclasses
 import difflib
 import inspect
+import math
 import textwrap
 import types
 import typing
 from typing import Any, Literal, Union
 
-from thinkrl.errors import UserError
+from thinkrl.errors import UserError, short
 
 
 def coerce(value: Any, tp: Any, where: str) -> Any:
@@ -35,22 +36,22 @@ def coerce(value: Any, tp: Any, where: str) -> Any:
                 return coerce(value, arg, where)
             except UserError as e:
                 errors.append(str(e))
-        raise UserError(errors[0] if len(errors) == 1 else f"{where}: {value!r} is not a valid {_name(tp)}")
+        raise UserError(errors[0] if len(errors) == 1 else f"{where}: {short(value)} is not a valid {_name(tp)}")
     if origin is Literal:
         choices = typing.get_args(tp)
         if value in choices:
             return value
-        raise UserError(f"{where}: {value!r} is not one of {', '.join(map(repr, choices))}")
+        raise UserError(f"{where}: {short(value)} is not one of {', '.join(map(repr, choices))}")
     if origin in (list, tuple):
         (item_tp, *_) = typing.get_args(tp) or (Any,)
         if isinstance(value, str):  # `-o eval.datasets=aime24,aime25`
             value = [v.strip() for v in value.split(",") if v.strip()]
         if not isinstance(value, (list, tuple)):
-            raise UserError(f"{where}: expected a list, got {value!r}")
+            raise UserError(f"{where}: expected a list, got {short(value)}")
         return [coerce(v, item_tp, f"{where}[{i}]") for i, v in enumerate(value)]
     if origin is dict or tp is dict:
         if not isinstance(value, dict):
-            raise UserError(f"{where}: expected a mapping, got {value!r}")
+            raise UserError(f"{where}: expected a mapping, got {short(value)}")
         return dict(value)
     if tp is bool:
         if isinstance(value, bool):
@@ -62,7 +63,10 @@ def coerce(value: Any, tp: Any, where: str) -> Any:
             return int(value)
     elif tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
+            try:
+                return float(value)
+            except OverflowError:  # an int past 1.8e308
+                raise UserError(f"{where}: {short(value)} is too large for a number (the largest is about 1.8e308)") from None
         if isinstance(value, str):  # YAML 1.1 reads `1e-4` as a string
             try:
                 return float(value)
@@ -77,10 +81,10 @@ def coerce(value: Any, tp: Any, where: str) -> Any:
         if isinstance(value, dict):  # an entry of a list such as reward.functions
             return build(tp, value, f"{where}.")
         keys = ", ".join(f.name for f in dataclasses.fields(tp))
-        raise UserError(f"{where}: expected a mapping of {keys}, got {value!r} ({type(value).__name__})")
+        raise UserError(f"{where}: expected a mapping of {keys}, got {short(value)} ({type(value).__name__})")
     else:
         raise TypeError(f"unsupported config type {tp!r} at {where}")
-    raise UserError(f"{where}: expected {_name(tp)}, got {value!r} ({type(value).__name__})")
+    raise UserError(f"{where}: expected {_name(tp)}, got {short(value)} ({type(value).__name__})")
 
 
 def _name(tp: Any) -> str:
@@ -107,9 +111,26 @@ def build(cls: type, values: dict[str, Any], where: str) -> Any:
             raise UserError(f"unknown key {where}{key}{closest(key, names)}; valid keys: {', '.join(names)}")
     kwargs = {k: coerce(v, types_[k], f"{where}{k}") for k, v in values.items()}
     try:
-        return cls(**kwargs)
+        obj = cls(**kwargs)
     except ValueError as e:  # __post_init__ range checks
         raise UserError(f"{where.rstrip('.') or cls.__name__}: {e}") from None
+    check_finite(obj, where)
+    return obj
+
+
+def check_finite(obj: Any, where: str) -> None:
+    """Refuse NaN and infinity in every float field of dataclass `obj` (a float, or one in a list), whatever its
+    own checks say: a NaN passes no comparison the way a range check expects, and an infinite temperature,
+    timeout or learning rate runs and learns nothing, or fails far from the setting. A class lets +inf through
+    for the fields it names in `allow_inf` (a documented 'inf = off'). The UserError names the key, the value
+    and the field's doc line; run it after the class's own checks, whose messages name the range."""
+    allowed = getattr(obj, "allow_inf", ())
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        for v in value if isinstance(value, (list, tuple)) else [value]:
+            if isinstance(v, float) and not math.isfinite(v) and not (v == math.inf and f.name in allowed):
+                doc = field_docs(type(obj)).get(f.name, "")
+                raise UserError(f"{where}{f.name}: {v} is not a finite number; give a finite value{f' ({doc})' if doc else ''}")
 
 
 def field_docs(cls: type) -> dict[str, str]:

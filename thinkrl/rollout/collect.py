@@ -87,6 +87,7 @@ def collect(ctx: RolloutContext, step: int, prompts: list[Prompt], generator: to
     stats = {
         "verifier/timeouts": 0,
         "verifier/crashes": 0,
+        "verifier/errors": 0,  # the grader or a reward function raised on a completion (scored 0)
         "sampling/rounds": 0,
         "sampling/dropped_groups": 0,
         "time/generate": 0.0,
@@ -109,8 +110,7 @@ def collect(ctx: RolloutContext, step: int, prompts: list[Prompt], generator: to
         stats["time/score"] += time.perf_counter() - t1
         stats["verifier/timeouts"] += vstats["timeouts"]
         stats["verifier/crashes"] += vstats["crashes"]
-        if "errors" in vstats:  # reward functions ran in the workers: the exceptions they raised (scored 0)
-            stats["verifier/errors"] = stats.get("verifier/errors", 0) + vstats["errors"]
+        stats["verifier/errors"] += vstats.get("errors", 0)
         stats["sampling/rounds"] += 1
         scores = torch.tensor(scores, dtype=torch.float32).view(len(batch), G)  # (P, G)
         distinct += [len({a for a in extracted[g * G : (g + 1) * G] if a is not None}) for g in range(len(batch))]

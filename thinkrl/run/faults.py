@@ -104,7 +104,12 @@ def nonfinite_message(cfg: Config, step: int, streak: int, run_dir: Path, dtype:
 
 
 def is_out_of_memory(e: BaseException) -> bool:
-    return isinstance(e, torch.cuda.OutOfMemoryError) or "out of memory" in str(e).lower()
+    """Only torch's own out-of-memory error (CUDA and ROCm; MPS from torch 2.5 on, before which its allocator raised
+    a RuntimeError of its own wording): a RuntimeError that merely says "out of memory" (a plugin's, a library's)
+    is not reported as one, since the memory settings would not fix it."""
+    if not hasattr(torch, "OutOfMemoryError"):  # torch 2.4
+        return isinstance(e, torch.cuda.OutOfMemoryError) or str(e).startswith("MPS backend out of memory")
+    return isinstance(e, torch.OutOfMemoryError)  # torch.cuda.OutOfMemoryError is this class
 
 
 def out_of_memory_message(cfg: Config, step: int, phase: str, run_dir: Path) -> str:
