@@ -10,7 +10,7 @@ from typing import Literal
 
 import typer
 
-from thinkrl.errors import UserError
+from thinkrl.errors import UserError, capped
 
 # choices listed in --help and checked before anything loads
 Preset = Literal["auto", "train", "greedy", "reasoning"]  # thinkrl/evaluation/settings.py
@@ -40,15 +40,29 @@ def train(
     method: str | None = typer.Option(None, "--method", "-m", help="Policy-loss method (see `thinkrl methods`)."),
     model: str | None = typer.Option(None, "--model", help="Hub id, local path, or alias smollm2-135m."),
     dataset: str | None = typer.Option(None, "--dataset", help="arith, an alias, a hub id or a .jsonl/.parquet/.csv file."),
-    output_dir: Path | None = typer.Option(None, "--output-dir", "-O", help="Run directory (default runs/<time>-<random>-<method>)."),
+    output_dir: Path | None = typer.Option(
+        None, "--output-dir", "-O", help="Run directory, new or empty (default runs/<time>-<random>-<method>)."
+    ),
     override: list[str] = typer.Option([], "--override", "-o", help="key=value, e.g. -o train.lr=1e-4 (repeatable)."),
-    resume: Path | None = typer.Option(None, "--resume", help="Continue RUN_DIR from its newest complete checkpoint."),
+    resume: Path | None = typer.Option(None, "--resume", help="Continue RUN_DIR from its newest intact checkpoint."),
+    allow_changes: bool = typer.Option(
+        False,
+        "--allow-changes",
+        help="With --resume: continue even though the model, LoRA shape, method, data, prompts, group size, prompts per step "
+        "or a seed differ from RUN_DIR/config.yaml (recorded in RUN_DIR/changes.jsonl).",
+    ),
     plugins: Path | None = typer.Option(None, "--plugins", help="Directory of extra method files."),
     no_recipe: bool = typer.Option(False, "--no-recipe", help="Leave out the method's recipe (its paper's regime: thinkrl methods NAME)."),
 ) -> None:
     """Train a policy with GRPO-family RL. With no arguments: bundled model, built-in arithmetic, grpo.
 
-    --method NAME applies the method's recipe, the regime its paper studies, beneath CONFIG and -o."""
+    --method NAME applies the method's recipe, the regime its paper studies, beneath CONFIG and -o.
+
+    --resume RUN_DIR continues from the newest intact checkpoint with RUN_DIR/config.yaml; -o may change train.steps,
+    train.lr, memory, logging, eval and checkpoint settings. A change to what makes the run (model, model.lora.*,
+    method, data.*, prompt.*, rollout.group_size, rollout.prompts_per_step, any seed) is refused unless
+    --allow-changes; every change a resume makes is recorded in RUN_DIR/changes.jsonl (the step it took effect
+    after, old and new values) and config.yaml then holds the new values."""
     from thinkrl.config.load import load_config
     from thinkrl.methods import load_plugins
     from thinkrl.train import train as run_train
@@ -56,6 +70,8 @@ def train(
     if plugins:
         load_plugins(plugins)
     _check_override_spacing(override, config)
+    if allow_changes and resume is None:
+        raise UserError("--allow-changes applies only with --resume RUN_DIR; drop it for a new run")
     if resume is not None:
         if config is not None:
             raise UserError("--resume uses RUN_DIR/config.yaml; drop the CONFIG argument (overrides with -o still apply)")
@@ -64,11 +80,11 @@ def train(
         config = resume / "config.yaml"
         output_dir = resume
         trained = load_config(config).method.name
-        if method is not None and method != trained:
+        if method is not None and method != trained and not allow_changes:
             raise UserError(f"--resume {resume} continues a {trained} run; drop --method {method} (or start a new run with it)")
     shorthands = {"method.name": method, "model.name": model, "data.name": dataset, "output_dir": str(output_dir) if output_dir else None}
     cfg = load_config(config, override, recipe=False if no_recipe else None, **shorthands)
-    run_train(cfg, resume=resume is not None)
+    run_train(cfg, resume=resume is not None, allow_changes=allow_changes)
 
 
 def _check_override_spacing(overrides: list[str], config: Path | None) -> None:
@@ -102,7 +118,9 @@ def eval_(
         help="Comma-separated: arith, aime24, aime25, amc23, math500, gsm8k, hub ids or files (default: the run's dataset).",
     ),
     preset: Preset = typer.Option("auto", "--preset", help="The protocol (docs/evaluation.md); flags below override it."),
-    output: Path | None = typer.Option(None, "--output", help="Output directory (default RUN_DIR/eval/<dataset> or eval/<dataset>)."),
+    output: Path | None = typer.Option(
+        None, "--output", help="Output directory (default RUN_DIR/eval/step-N/<dataset> for a run, else eval/<dataset>)."
+    ),
     n: int | None = typer.Option(None, "--n", help="Samples per problem."),
     limit: int = typer.Option(0, "--limit", help="Evaluate the first K problems (0 = all)."),
     max_new_tokens: int | None = typer.Option(None, "--max-new-tokens", help="Completion budget (clipped to the context window)."),
@@ -154,21 +172,20 @@ def eval_(
 
 
 def _print_table(summaries: list[dict]) -> None:
-    from rich.markup import escape
     from rich.table import Table
 
     from thinkrl.evaluation.metrics import table_cell, truncation_warning
-    from thinkrl.run.console import console
+    from thinkrl.run.console import console, shown
 
     keys = list(dict.fromkeys(k for s in summaries for k in s["metrics"] if not k.endswith(("_low", "_high"))))
     table = Table(title="thinkrl eval (avg@n [95% interval])")
     for col in ["dataset", "problems", *keys]:
         table.add_column(col, justify="left" if col == "dataset" else "right")
     for s in summaries:
-        table.add_row(Path(s["dataset"]).stem, str(s["problems"]), *(table_cell(s["metrics"], k) for k in keys))
+        table.add_row(shown(Path(s["dataset"]).stem), str(s["problems"]), *(table_cell(s["metrics"], k) for k in keys))
     console.print(table)
     for line in filter(None, map(truncation_warning, summaries)):  # most answers cut off by the budget
-        console.print(f"[yellow]{escape(line)}[/]")
+        console.print(f"[yellow]{shown(line)}[/]")
 
 
 @app.command()
@@ -222,17 +239,17 @@ def compare(
     """A table of final and best values per run: reward, entropy, length, clip/mask fractions, eval accuracy."""
     from rich.table import Table
 
-    from thinkrl.run.console import console
+    from thinkrl.run.console import console, shown
     from thinkrl.run.readers import compare_rows, load_runs
 
     if tail < 1:
         raise UserError("--tail must be >= 1")
     header, rows = compare_rows(load_runs(runs), tail)
     table = Table(title=f"thinkrl compare (final = mean of the last {tail} steps)")
-    for i, col in enumerate(header):
-        table.add_column(col, justify="left" if i == 0 else "right", no_wrap=True)
+    for i, col in enumerate(header):  # run labels and metric names come from config.yaml and metrics.jsonl: text
+        table.add_column(shown(col), justify="left" if i == 0 else "right", no_wrap=True)
     for row in rows:
-        table.add_row(*row)
+        table.add_row(*map(shown, row))
     console.print(table)
 
 
@@ -243,29 +260,29 @@ def show(
     groups: int = typer.Option(2, "--groups", help="How many prompt groups to print (0 = all)."),
     max_chars: int = typer.Option(600, "--max-chars", help="Cut each completion to this many characters (0 = whole)."),
 ) -> None:
-    """Print a step's completions with their rewards, advantages and extracted answers, grouped by prompt."""
-    from rich.markup import escape
+    """Print a step's completions with their rewards, advantages and extracted answers, grouped by prompt.
 
-    from thinkrl.run.console import console
+    Prompts, answers and completions are printed as text: terminal escapes in them are shown, not obeyed."""
+    from thinkrl.run.console import console, shown
     from thinkrl.run.readers import rollout_answer, rollout_groups
 
     step, found = rollout_groups(run_dir, step)
-    console.print(f"[bold]{run_dir}[/] step {step}: {len(found)} groups")
+    console.print(f"[bold]{shown(run_dir)}[/] step {step}: {len(found)} groups")
     for group in found[: groups or None]:
         first = group[0]
-        console.rule(f"prompt {first['prompt_id']}  (answer: {escape(str(first['answer']))})")
-        console.print(escape(first["prompt"]))
+        console.rule(f"prompt {shown(first['prompt_id'])}  (answer: {shown(first['answer'])})")
+        console.print(shown(first["prompt"]))
         for i, r in enumerate(group):
             text = r["completion"] if not max_chars or len(r["completion"]) <= max_chars else r["completion"][:max_chars] + " [...]"
             color = "green" if r["score"] > 0 else "red"
-            extra = f", prefix {r['prefix_len']} tokens from step {r['seed_step']}" if r.get("prefix_len") else ""
+            extra = f", prefix {shown(r['prefix_len'])} tokens from step {shown(r['seed_step'])}" if r.get("prefix_len") else ""
             answer = rollout_answer(r)
-            shown = "none" if answer is None else escape(answer if len(answer) <= 80 else answer[:80] + " [...]")
+            said = "none" if answer is None else shown(answer if len(answer) <= 80 else answer[:80] + " [...]")
             console.print(
-                f"\n[{color}]#{i} reward {r['reward']:+.2f}  advantage {r['advantage']:+.2f}  {r['length']} tokens"
-                f"{' (truncated)' if r['truncated'] else ''}{extra}[/]  answer: {shown}"
+                f"\n[{color}]#{i} reward {r['reward']:+.2f}  advantage {r['advantage']:+.2f}  {shown(r['length'])} tokens"
+                f"{' (truncated)' if r['truncated'] else ''}{extra}[/]  answer: {said}"
             )
-            console.print(escape(text))
+            console.print(shown(text))
 
 
 @app.command()
@@ -288,8 +305,13 @@ def run() -> None:
     except UserError as e:
         if _debug:
             raise
-        # one line even when the message quotes a library's multi-line text: scripts and logs grep "error:"
-        print("error: " + " ".join(line.strip() for line in str(e).splitlines() if line.strip()), file=sys.stderr)
+        from thinkrl.run.console import printable
+
+        # one line even when the message quotes a library's multi-line text: scripts and logs grep "error:";
+        # a value quoted from a data file is printed as text (terminal escapes shown, not obeyed); at most
+        # MAX_MESSAGE_CHARS of it (thinkrl/errors.py), however much text a bad value dragged in
+        line = printable(" ".join(line.strip() for line in str(e).splitlines() if line.strip()))
+        print("error: " + capped(line), file=sys.stderr)
         sys.exit(2)
 
 

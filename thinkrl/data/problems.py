@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import math
+import numbers
 import re
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Any
 
 
@@ -30,3 +33,18 @@ def normalise_answer(value: Any) -> str | None:
     if re.fullmatch(r"-?\d+\.0+", text):
         text = text.split(".")[0]
     return text or None
+
+
+def is_math_value(value: Any) -> bool:
+    """Whether a gold answer can be one at all: text or a finite number. Not: NaN or an infinite float
+    (JSON NaN / Infinity, a parquet or pandas gap), a boolean (JSON true), a list or an object (JSON [2],
+    {...}), or the text 'nan'; as strings they would read "nan", "inf", "[2]", "True", and the verifier
+    accepts \\boxed{nan}, \\boxed{\\infty} and \\boxed{2} for the first three. The text 'inf' stays an answer
+    (infinity, as written by the data's author)."""
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, str):
+        return value.strip().lower().lstrip("+-") != "nan"
+    if isinstance(value, numbers.Real):  # int, float, numpy's numbers
+        return math.isfinite(value)
+    return isinstance(value, Decimal) and value.is_finite()  # a parquet decimal column

@@ -6,7 +6,11 @@ Sources, by `data.name`:
                      $THINKRL_DATA_DIR/<alias>.jsonl or <alias>_<split>.jsonl is used instead when present
   a file             .jsonl / .json / .parquet / .csv with problem/answer columns (names configurable)
   anything else      a Hugging Face dataset id (needs the hub; a clear error when it is unreachable)
-Rows with a missing answer or problem are skipped and counted (Loaded.skipped).
+Rows with a missing answer or problem, or a gold answer that is no math value (NaN, a list, a boolean:
+thinkrl.data.problems.is_math_value), are skipped and counted (Loaded.skipped). Ids must be unique: pass@k and
+maj@n group samples by id, so two different problems with one id are refused (naming both rows), and a row
+that repeats another (id, problem and answer) is dropped and counted. Text files are read as UTF-8 with or
+without a byte-order mark.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from typing import Any
 
 from thinkrl.config import DataConfig
 from thinkrl.data.arith import arith_problems
-from thinkrl.data.problems import Loaded, Problem, normalise_answer
+from thinkrl.data.problems import Loaded, Problem, is_math_value, normalise_answer
 from thinkrl.errors import UserError
 
 
@@ -62,8 +66,10 @@ ALIASES: dict[str, HubSpec] = {
 ROW_HELP = 'expected one JSON object per line, e.g. {"problem": "What is 2 + 3?", "answer": "5"}'
 
 
-def _read_file(path: Path) -> tuple[list[dict[str, Any]], int]:
-    """Rows of a local file and the number of unreadable lines (skipped and counted, unless none is readable)."""
+def _read_file(path: Path) -> tuple[list[dict[str, Any]], int, list[str]]:
+    """Rows of a local file, the number of unreadable lines (skipped and counted, unless none is readable),
+    and where each row is in the file, for messages about one row: 'line 7' (counted from 1, as editors do),
+    or the index of a JSON list's 'item 3' or a parquet table's 'row 3' (counted from 0, as Python does)."""
     suffix = path.suffix.lower()
     if suffix not in (".jsonl", ".json", ".csv", ".parquet"):
         raise UserError(f"{path}: unsupported file type {suffix!r}; use .jsonl, .json, .parquet or .csv")
@@ -77,10 +83,11 @@ def _read_file(path: Path) -> tuple[list[dict[str, Any]], int]:
         raise UserError(f"{path}: could not read it as {suffix[1:]}: {type(e).__name__}: {str(e).strip()[:200]}") from e
 
 
-def _parse_file(path: Path, suffix: str) -> tuple[list[dict[str, Any]], int]:
-    if suffix == ".jsonl" or (suffix == ".json" and not path.read_text()[:1].lstrip() == "["):
-        rows, bad, first_bad = [], 0, None
-        for n, line in enumerate(path.read_text().splitlines(), 1):
+def _parse_file(path: Path, suffix: str) -> tuple[list[dict[str, Any]], int, list[str]]:
+    # utf-8-sig: a byte-order mark (Excel, Notepad) is not part of the first line's JSON or the first column's name
+    if suffix == ".jsonl" or (suffix == ".json" and not path.read_text(encoding="utf-8-sig").lstrip()[:1] == "["):
+        rows, bad, first_bad, where = [], 0, None, []
+        for n, line in enumerate(path.read_text(encoding="utf-8-sig").splitlines(), 1):
             if not line.strip():
                 continue
             try:
@@ -91,26 +98,34 @@ def _parse_file(path: Path, suffix: str) -> tuple[list[dict[str, Any]], int]:
                 why = f"a JSON {type(row).__name__}, not an object"
             if isinstance(row, dict):
                 rows.append(row)
+                where.append(f"line {n}")
             else:
                 bad += 1
                 first_bad = first_bad or (n, why)
         if bad and not rows:  # nothing to skip *to*: the file is not JSON lines at all
             raise UserError(f"{path}, line {first_bad[0]}: {first_bad[1]}; no line of the file is a JSON object ({ROW_HELP})")
-        return rows, bad
+        return rows, bad, where
     if suffix == ".json":
         try:
-            data = json.loads(path.read_text())
+            data = json.loads(path.read_text(encoding="utf-8-sig"))
         except json.JSONDecodeError as e:
             raise UserError(
                 f"{path}, line {e.lineno} column {e.colno}: malformed JSON ({e.msg}); expected a list of objects, or JSON lines"
             ) from e
-        return [r for r in data if isinstance(r, dict)], sum(not isinstance(r, dict) for r in data)
+        items = [(i, r) for i, r in enumerate(data) if isinstance(r, dict)]
+        return [r for _, r in items], len(data) - len(items), [f"item {i}" for i, _ in items]
     if suffix == ".csv":
-        with path.open(newline="") as f:
-            return list(csv.DictReader(f)), 0
+        with path.open(newline="", encoding="utf-8-sig") as f:
+            reader = csv.DictReader(f)
+            rows, where = [], []
+            for row in reader:
+                rows.append(row)
+                where.append(f"line {reader.line_num}")
+            return rows, 0, where
     import pyarrow.parquet as pq
 
-    return pq.read_table(path).to_pylist(), 0
+    rows = pq.read_table(path).to_pylist()
+    return rows, 0, [f"row {i}" for i in range(len(rows))]
 
 
 def _local_alias(name: str, split: str) -> Path | None:
@@ -141,23 +156,31 @@ def _read_hub(spec_path: str, subset: str | None, split: str) -> list[dict[str, 
     return list(ds)
 
 
+def _duplicate_id(name: str, pid: str, here: str, first: str, numbered: bool) -> str:
+    how = " (a row without an id is numbered by its position, counted from 0)" if numbered else ""
+    return (
+        f"dataset {name}: id {pid!r} at {here} is also the id of a different problem at {first}{how}; pass@k, maj@n "
+        "and resuming tell problems apart by id, so give each problem its own id (or leave the id field out of every row)"
+    )
+
+
 def load_problems(cfg: DataConfig, split: str | None = None) -> Loaded:
     """Problems of `cfg.name` for `split` (default: cfg.split, or the alias' own split)."""
     name = cfg.name
     if name == "arith":
         problems = arith_problems(cfg.arith, split or cfg.split or "train")
         return Loaded(problems[: cfg.limit] if cfg.limit else problems)
-    answer_fn, skipped = None, {}
+    answer_fn, skipped, where = None, {}, None
     problem_key, answer_key = cfg.problem_key, cfg.answer_key
     path = Path(name).expanduser()
     if path.is_file():
-        rows, bad = _read_file(path)
+        rows, bad, where = _read_file(path)
         if bad:
             skipped["unreadable row"] = bad
     elif name in ALIASES:
         spec = ALIASES[name]
         local = _local_alias(name, split or spec.split)
-        rows, bad = _read_file(local) if local else (_read_hub(spec.path, spec.subset, split or spec.split), 0)
+        rows, bad, where = _read_file(local) if local else (_read_hub(spec.path, spec.subset, split or spec.split), 0, None)
         if bad:
             skipped["unreadable row"] = bad
         if rows and spec.problem_key in rows[0] and spec.answer_key in rows[0]:  # the hub's own columns
@@ -172,23 +195,38 @@ def load_problems(cfg: DataConfig, split: str | None = None) -> Loaded:
         rows = _read_hub(name, cfg.subset, split or cfg.split or "train")
     if not rows:
         raise UserError(f"dataset {name} has no rows; {ROW_HELP}")
+    where = where or [f"row {i}" for i in range(len(rows))]
     columns = list(dict.fromkeys(k for row in rows[:100] for k in row))  # a first row may lack an optional field
     for key, option in ((problem_key, "data.problem_key"), (answer_key, "data.answer_key")):
         if not any(key in row for row in rows):
-            raise UserError(
-                f"dataset {name} has no column '{key}' (columns: {', '.join(map(str, columns))}); set {option} to the right one"
+            raise UserError(  # repr: a stray byte-order mark, space or control character in a name shows
+                f"dataset {name} has no column {key!r} (columns: {', '.join(map(repr, columns))}); set {option} to the right one"
             )
-    problems = []
+    problems, seen = [], {}  # seen: id -> (problem, answer, where, whether the row named its id)
     for i, row in enumerate(rows):
         raw = row.get(answer_key)
-        answer = normalise_answer(answer_fn(raw) if (answer_fn and raw is not None) else raw)
+        value = answer_fn(raw) if (answer_fn and raw is not None) else raw
+        answer = normalise_answer(value) if is_math_value(value) else None
         text = row.get(problem_key)
-        if answer is None:
-            skipped["missing answer"] = skipped.get("missing answer", 0) + 1
+        why = None
+        if value is None or (answer is None and is_math_value(value)):
+            why = "missing answer"
+        elif answer is None:
+            why = "answer not a math value"  # NaN, inf, [2], true, {...}: text no grader should compare with
         elif not isinstance(text, str) or not text.strip():
-            skipped["missing problem"] = skipped.get("missing problem", 0) + 1
+            why = "missing problem"
         else:
-            problems.append(Problem(id=str(row.get("id", i)), problem=text, answer=answer))
+            named = row.get("id") is not None
+            pid = str(row["id"] if named else i)
+            if pid not in seen:
+                seen[pid] = (text, answer, where[i], named)
+                problems.append(Problem(id=pid, problem=text, answer=answer))
+            elif seen[pid][:2] == (text, answer):
+                why = "duplicate row"  # the same problem twice would count twice in every metric
+            else:
+                raise UserError(_duplicate_id(name, pid, where[i], seen[pid][2], not (named and seen[pid][3])))
+        if why:
+            skipped[why] = skipped.get(why, 0) + 1
         if cfg.limit and len(problems) >= cfg.limit:
             break
     if not problems:

@@ -1,6 +1,10 @@
 """`thinkrl eval`: sample n completions per problem, grade them, report avg@n, pass@k and maj@n.
 
 Per dataset, OUTPUT holds samples.jsonl (one line per completion), settings.json and summary.json.
+A sample that scored 0 says why in samples.jsonl (`zero_reason`: wrong, no answer, truncated, timeout or
+crash: the last two, the verifier ran past its time limit or its worker died), and summary.json counts
+each (`outcomes`, and the verifier's `timeouts` and `crashes`). A failed write (a file in the way, a
+read-only directory, a full disk) stops with one line naming the path and the fix.
 Rerunning into the same OUTPUT resumes: samples already in samples.jsonl are not generated again (and a
 rerun with different settings is refused; thinkrl/evaluation/settings.py). The metrics are defined in
 thinkrl/evaluation/metrics.py.
@@ -9,7 +13,9 @@ thinkrl/evaluation/metrics.py.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
+import os
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -21,12 +27,14 @@ from thinkrl.config.load import load_config
 from thinkrl.data import build_prompts, load_problems
 from thinkrl.errors import UserError
 from thinkrl.evaluation.metrics import answer_classes, summarise
-from thinkrl.evaluation.settings import EvalSettings, check_resume, resolve_settings, versions
+from thinkrl.evaluation.settings import EvalSettings, check_resume, check_sample_count, resolve_settings, versions
 from thinkrl.models import eos_ids, load_base, resolve_dtype, resolve_path
 from thinkrl.rollout.completions import Sampling
 from thinkrl.rollout.engines import Engine, make_engine
+from thinkrl.run import faults
+from thinkrl.run.atomic import write_atomic
 from thinkrl.run.checkpoint import checkpoint_step, find_checkpoint
-from thinkrl.run.console import console, progress
+from thinkrl.run.console import console, progress, shown
 from thinkrl.run.jsonl import JsonlLog, read_jsonl
 from thinkrl.run.lock import DirLock
 from thinkrl.verifier import same_answers
@@ -53,24 +61,111 @@ def load_for_eval(model_arg: str, adapter: str | None, device: torch.device):
             model = PeftModel.from_pretrained(model, ckpt / "adapter").merge_and_unload()
         else:
             model, tok = load_base(str(ckpt / "model"), dtype)
-        console.print(f"evaluating {ckpt}")
+        console.print(f"evaluating {shown(ckpt)}")
     else:
         model, tok = load_base(model_arg, dtype)
     if adapter:
         if not Path(adapter, "adapter_config.json").is_file():
             raise UserError(f"--adapter {adapter}: no adapter_config.json there (expected a peft adapter directory)")
-        model = PeftModel.from_pretrained(model, adapter).merge_and_unload()
+        try:
+            model = PeftModel.from_pretrained(model, adapter).merge_and_unload()
+        except (RuntimeError, ValueError, KeyError) as e:  # size mismatches, target modules the model lacks
+            raise UserError(adapter_mismatch(adapter, model_arg, e)) from e
     return model.to(device).eval().requires_grad_(False), tok, run_cfg  # frozen: generate may take the lean path
 
 
-def eval_dataset(model, tok, s: EvalSettings, data_cfg: DataConfig, out_dir: Path, pool, engine: Engine) -> dict:
+def check_output(out_dir: Path) -> None:
+    """Before the model loads: out_dir can be made and written (no file where a directory goes, not read-only)."""
+    existing = next(p for p in (out_dir, *out_dir.parents) if p.exists())
+    if not existing.is_dir():
+        raise UserError(f"cannot write {out_dir}: {existing} is a file, not a directory; choose another --output (or move that file)")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UserError(f"cannot write {out_dir}: {existing} is not writable (read-only); make it writable or choose another --output")
+
+
+@contextlib.contextmanager
+def writing(path: Path, out_dir: Path, run_dir: Path | None):
+    """A failed write of `path` becomes one line naming it, the reason and the fix. run_dir: evaluation during
+    training, whose fix is the trainer's (free space, then thinkrl train --resume)."""
+    try:
+        yield
+    except OSError as e:
+        named = Path(e.filename) if isinstance(e.filename, (str, Path)) else None
+        where = named if named is not None and named.parent != path.parent else path  # not a temporary sibling's name
+        raise UserError(faults.cannot_write(e, where, run_dir, True) if run_dir else cannot_write(e, where, out_dir)) from e
+
+
+def cannot_write(e: OSError, path: Path, out_dir: Path) -> str:
+    reason = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
+    if e.errno in (errno.ENOTDIR, errno.EEXIST):
+        file = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), path)
+        return f"cannot write {path} ({reason}): {file} is a file, not a directory; choose another --output (or move that file)"
+    fix = "make it writable" if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS) else "free space on that disk"
+    kept = (
+        "; the samples already in samples.jsonl are kept and the same command continues from them"
+        if (out_dir / "samples.jsonl").is_file()
+        else ""
+    )
+    return f"cannot write {path} ({reason}{faults.free_space(path)}); {fix} or choose another --output{kept}"
+
+
+def adapter_mismatch(adapter: str, model_arg: str, e: BaseException) -> str:
+    """--adapter that does not fit --model: name the base model the adapter was trained on."""
+    try:
+        base = json.loads(Path(adapter, "adapter_config.json").read_text()).get("base_model_name_or_path")
+    except (OSError, ValueError, AttributeError):
+        base = None
+    trained = f"was trained on {base}" if base else "names no base model"
+    first = (str(e).strip().splitlines() or [type(e).__name__])[-1].strip()[:200]
+    return (
+        f"--adapter {adapter} does not fit --model {model_arg}: the adapter {trained} ({type(e).__name__}: {first}); "
+        "pass that model as --model, or an adapter trained on this one"
+    )
+
+
+def eval_dataset(
+    model, tok, s: EvalSettings, data_cfg: DataConfig, out_dir: Path, pool, engine: Engine, run_dir: Path | None = None
+) -> dict:
     """Evaluate one dataset into out_dir, holding out_dir's lock (thinkrl/run/lock.py) while writing it: a second
-    eval into the same directory fails in one line naming this one, instead of both appending samples."""
-    with DirLock(out_dir, "evaluation", elsewhere="another --output"):
-        return _eval_dataset(model, tok, s, data_cfg, out_dir, pool, engine)
+    eval into the same directory fails in one line naming this one, instead of both appending samples. run_dir:
+    the training run this evaluation runs in (None: thinkrl eval), for the message of a failed write."""
+    lock = DirLock(out_dir, "evaluation", elsewhere="another --output")
+    with writing(lock.path, out_dir, run_dir):
+        lock.acquire()
+    try:
+        return _eval_dataset(model, tok, s, data_cfg, out_dir, pool, engine, run_dir)
+    finally:
+        lock.release()
 
 
-def _eval_dataset(model, tok, s: EvalSettings, data_cfg: DataConfig, out_dir: Path, pool, engine: Engine) -> dict:
+def zero_reason(correct: bool, extracted, truncated: bool, failure: str | None = None) -> str | None:
+    """Why a sample scored 0: 'timeout' / 'crash' (the verifier ran past its limit or its worker died), 'truncated'
+    (no answer, cut off by the token budget), 'no answer', or 'wrong'; None when it is correct."""
+    if correct:
+        return None
+    if failure:
+        return failure
+    if extracted is None:
+        return "truncated" if truncated else "no answer"
+    return "wrong"
+
+
+OUTCOMES = ("correct", "wrong", "no answer", "truncated", "timeout", "crash")
+
+
+def outcomes(rows: list[dict]) -> dict[str, int]:
+    """How many samples ended each way (rows written before zero_reason was recorded: from their fields)."""
+    out = dict.fromkeys(OUTCOMES, 0)
+    for r in rows:
+        why = r["zero_reason"] if "zero_reason" in r else zero_reason(r["correct"], r.get("extracted"), r.get("truncated", False))
+        key = why or "correct"
+        out[key] = out.get(key, 0) + 1
+    return out
+
+
+def _eval_dataset(
+    model, tok, s: EvalSettings, data_cfg: DataConfig, out_dir: Path, pool, engine: Engine, run_dir: Path | None = None
+) -> dict:
     """Generate with `engine`, grade and summarise one dataset into out_dir (resuming what is already there)."""
     loaded = load_problems(replace(data_cfg, name=s.dataset, limit=s.limit), eval_split(s))
     prompt_cfg = PromptConfig(template=s.template, system=s.system, instruction=s.instruction)
@@ -78,7 +173,8 @@ def _eval_dataset(model, tok, s: EvalSettings, data_cfg: DataConfig, out_dir: Pa
     out_dir.mkdir(parents=True, exist_ok=True)
     settings = {**asdict(s), "dtype": str(next(model.parameters()).dtype).replace("torch.", ""), "engine_used": engine.name}
     check_resume(out_dir, settings)
-    (out_dir / "settings.json").write_text(json.dumps(settings, indent=2))
+    with writing(out_dir / "settings.json", out_dir, run_dir):
+        write_atomic(out_dir / "settings.json", json.dumps(settings, indent=2))
     log = JsonlLog(out_dir / "samples.jsonl")
     prior = read_jsonl(log.path) if log.path.exists() else []  # a resumed problem's new samples join its answer classes
     done = {(r["id"], r["sample"]) for r in prior}
@@ -86,7 +182,7 @@ def _eval_dataset(model, tok, s: EvalSettings, data_cfg: DataConfig, out_dir: Pa
     too_long = [p for p in prompts if len(p.ids) >= context]  # no room for a single new token: skipped, counted
     if too_long:
         loaded.skipped["prompt fills the context"] = len(too_long)
-        console.print(f"[yellow]warning: {s.dataset}: {len(too_long)} prompts fill the model's {context}-token context; skipped[/]")
+        console.print(f"[yellow]warning: {shown(s.dataset)}: {len(too_long)} prompts fill the model's {context}-token context; skipped[/]")
         prompts = [p for p in prompts if len(p.ids) < context]
     todo = [p for p in sorted(prompts, key=lambda p: len(p.ids)) if any((p.id, k) not in done for k in range(s.n))]
     eos = eos_ids(model, tok)
@@ -94,7 +190,7 @@ def _eval_dataset(model, tok, s: EvalSettings, data_cfg: DataConfig, out_dir: Pa
     per_batch, clipped, new_tokens, correct, graded = max(1, CHUNK_SLOTS * s.batch_size // s.n), 0, 0, 0, 0
     t0 = time.perf_counter()
     with progress() as bar:
-        task = bar.add_task(s.dataset, total=len(todo) * s.n, info="")
+        task = bar.add_task(shown(s.dataset), total=len(todo) * s.n, info="")
         for b in range(0, len(todo), per_batch):
             chunk = todo[b : b + per_batch]
             own = [min(s.max_new_tokens, context - len(p.ids)) for p in chunk]  # only a prompt that needs it is clipped
@@ -105,6 +201,7 @@ def _eval_dataset(model, tok, s: EvalSettings, data_cfg: DataConfig, out_dir: Pa
             comp = engine.generate(model, [p.ids for p in chunk], s.n, sampling, eos, tok.pad_token_id, gen, budgets=budgets)
             texts = tok.batch_decode([row[m].tolist() for row, m in zip(comp.tokens, comp.mask)], skip_special_tokens=True)
             scores, extracted, _ = pool.grade(texts, [p.answer for p in chunk for _ in range(s.n)])
+            failures = dict(getattr(pool, "last_failures", {}))  # sample -> "timeout" / "crash"
             records = []
             for i, text in enumerate(texts):
                 p, k = chunk[i // s.n], i % s.n
@@ -119,31 +216,42 @@ def _eval_dataset(model, tok, s: EvalSettings, data_cfg: DataConfig, out_dir: Pa
                             "correct": scores[i] == 1.0,
                             "length": int(comp.lengths[i]),
                             "truncated": bool(comp.truncated[i]),
+                            "zero_reason": zero_reason(scores[i] == 1.0, extracted[i], bool(comp.truncated[i]), failures.get(i)),
                         }
                     )
             answer_classes(records, prior, lambda pairs: same_answers(pool, pairs))  # maj@n's votes, in the pool
-            log.write(records)
+            with writing(log.path, out_dir, run_dir):
+                log.write(records)
             new_tokens += int(comp.lengths.sum())
             correct, graded = correct + sum(r["correct"] for r in records), graded + len(records)
             info = f"acc {correct / max(graded, 1):.3f}  {new_tokens / (time.perf_counter() - t0):.0f} tok/s"
             bar.update(task, advance=len(texts), info=info)
     if clipped:
         console.print(
-            f"[yellow]warning: {s.dataset}: max_new_tokens={s.max_new_tokens} did not fit the {context}-token context "
+            f"[yellow]warning: {shown(s.dataset)}: max_new_tokens={s.max_new_tokens} did not fit the {context}-token context "
             f"for {clipped} prompts; each one's budget was clipped to the context minus its own length[/]"
         )
     ids = {p.id for p in prompts}
     rows = [r for r in read_jsonl(log.path) if r["id"] in ids]
+    ends = outcomes(rows)
+    if ends["timeout"] or ends["crash"]:
+        console.print(
+            f"[yellow]warning: {shown(s.dataset)}: grading timed out on {ends['timeout']} samples and crashed its worker on "
+            f"{ends['crash']}; those scored 0 (zero_reason in samples.jsonl, counts in summary.json)[/]"
+        )
     summary = {
         "dataset": s.dataset,
         "problems": len(ids),
         "samples": len(rows),
         "metrics": summarise(rows, s.n),
+        "outcomes": ends,
+        "verifier": {"timeouts": ends["timeout"], "crashes": ends["crash"]},
         "settings": {**settings, "context_window": context, "clipped_prompts": clipped},
         "skipped": loaded.skipped,
         "versions": versions(),
     }
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    with writing(out_dir / "summary.json", out_dir, run_dir):
+        write_atomic(out_dir / "summary.json", json.dumps(summary, indent=2))
     return summary
 
 
@@ -165,7 +273,7 @@ def eval_during_training(model, tok, cfg: Config, run_dir: Path, step: int, pool
             batch_size=engine.slots,
         )
         s = resolve_settings(s, cfg)
-        summary = eval_dataset(model, tok, s, cfg.data, run_dir / "eval" / f"step-{step}" / Path(s.dataset).stem, pool, engine)
+        summary = eval_dataset(model, tok, s, cfg.data, run_dir / "eval" / f"step-{step}" / Path(s.dataset).stem, pool, engine, run_dir)
         for k, v in summary["metrics"].items():
             if not k.endswith(("_low", "_high")):
                 out[f"eval/{Path(s.dataset).stem}/{k}"] = v
@@ -186,12 +294,14 @@ def evaluate(s: EvalSettings, datasets: list[str], output: Path | None, cfg: Con
     plan = []  # (settings, output directory) per dataset, checked before any model loads
     for name in datasets or [base.data.name]:
         settings = resolve_settings(replace(s, dataset=name), base)
-        load_problems(replace(base.data, name=settings.dataset, limit=settings.limit), eval_split(settings))  # files, columns
+        loaded = load_problems(replace(base.data, name=settings.dataset, limit=settings.limit), eval_split(settings))  # files, columns
+        check_sample_count(settings, len(loaded.problems))
         stem = Path(settings.dataset).stem
         if output is not None:
             out_dir = output if len(datasets) <= 1 else output / stem
         else:
             out_dir = found[0] / "eval" / f"step-{s.checkpoint_step}" / stem if found else Path("eval") / stem
+        check_output(out_dir)
         plan.append((settings, out_dir))
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model, tok, _ = load_for_eval(s.model, s.adapter, device)
@@ -201,5 +311,5 @@ def evaluate(s: EvalSettings, datasets: list[str], output: Path | None, cfg: Con
     with VerifierPool() as pool, contextlib.closing(engine):
         for settings, out_dir in plan:
             summaries.append(eval_dataset(model, tok, settings, base.data, out_dir, pool, engine))
-            console.print(f"written: {out_dir}/summary.json, {out_dir}/samples.jsonl")
+            console.print(f"written: {shown(out_dir)}/summary.json, {shown(out_dir)}/samples.jsonl")
     return summaries

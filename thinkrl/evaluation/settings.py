@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import math
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from thinkrl.config import Config
-from thinkrl.errors import UserError
+from thinkrl.config.sections import EVAL_N_WHY, MAX_EVAL_N, MAX_EVAL_SAMPLES
+from thinkrl.errors import UserError, short
 from thinkrl.run.console import console
 
 STEP_BY_STEP = "Please reason step by step, and put your final answer within \\boxed{}."
@@ -30,6 +32,7 @@ PRESETS = {
         n=16, temperature=0.6, top_p=0.95, max_new_tokens=32768, template="auto", system=None, instruction="{problem}\n" + STEP_BY_STEP
     ),
 }
+MAX_SEED = 2**32 - 1
 # settings that change the numbers: a resumed evaluation must match on all of them
 _SAME_ON_RESUME = (
     "model",
@@ -88,6 +91,12 @@ def resolve_settings(s: EvalSettings, cfg: Config) -> EvalSettings:
     if s.system == "none":  # `--system none` removes the preset's system prompt
         filled["system"] = None
     out = replace(s, preset=preset, dataset=s.dataset or cfg.data.name, **filled)
+    if not (math.isfinite(out.temperature) and out.temperature >= 0):
+        raise UserError(f"--temperature must be a finite number >= 0 (0 = greedy), got {out.temperature}")
+    if out.n > MAX_EVAL_N:
+        raise UserError(f"--n {out.n}: at most {MAX_EVAL_N} samples per problem ({EVAL_N_WHY})")
+    if not 0 <= out.seed <= MAX_SEED:  # each batch's generator is seeded with seed * 1,000,003 + batch: it must fit 64 bits
+        raise UserError(f"--seed must be in [0, {MAX_SEED}] (a 32-bit seed), got {short(out.seed)}")
     if out.n < 1 or out.max_new_tokens < 1 or not 0 < out.top_p <= 1 or out.temperature < 0:
         raise UserError("--n and --max-new-tokens must be >= 1, --top-p in (0, 1], --temperature >= 0")
     if out.n > 1 and out.temperature == 0:
@@ -100,6 +109,15 @@ def resolve_settings(s: EvalSettings, cfg: Config) -> EvalSettings:
         else:
             console.print("[yellow]warning: n > 1 with temperature 0 gives n identical greedy samples[/]")
     return out
+
+
+def check_sample_count(s: EvalSettings, problems: int) -> None:
+    """Before the model loads: n x problems completions must fit samples.jsonl and the summary that reads it back."""
+    if s.n * problems > MAX_EVAL_SAMPLES:
+        raise UserError(
+            f"{s.dataset}: --n {s.n} x {problems} problems = {s.n * problems:,} completions, more than {MAX_EVAL_SAMPLES:,} "
+            "(samples.jsonl holds a line per completion and the summary reads them all back); lower --n or --limit"
+        )
 
 
 def versions() -> dict[str, str]:

@@ -1,14 +1,39 @@
 """The console: one rich Console on stderr (stdout stays for machine-readable output such as --json),
-the progress bar of long work, and the one-line step summary."""
+the progress bar of long work, the one-line step summary, and `printable` / `shown` for text that came from
+a model or a data file (terminal escapes made visible, rich markup left uninterpreted)."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 console = Console(stderr=True, highlight=False)
+
+# C0 controls but newline and tab (ESC among them), DEL, C1 (a lone 0x9b is CSI to some terminals), and the
+# bidirectional overrides and isolates, which reorder what a line appears to say ("Trojan source")
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text: Any) -> str:
+    """Model output or data, safe to print: each control character is shown as its escape (ESC as the four
+    characters \\x1b), so a completion or a data row cannot set the window title, clear the screen, move the
+    cursor or write the clipboard (OSC 52). Newlines and tabs are kept."""
+    text = str(text)
+
+    def visible(m: re.Match) -> str:
+        c = ord(m.group())
+        return f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}"
+
+    return _CONTROL.sub(visible, text)
+
+
+def shown(text: Any) -> str:
+    """`printable(text)` for a rich markup string: its own '[...]' is printed as written, never as markup."""
+    return escape(printable(text))
 
 
 def progress() -> Progress:
