@@ -58,17 +58,28 @@ def install(spec: str, root: str) -> None:
         return root_path is not None and os.path.realpath(path).startswith(root_path + os.sep)
 
     if kind == "generate":
-        import thinkrl.rollout.collect as mod
+        from thinkrl.rollout import engines
+        from thinkrl.rollout.engines import hf  # noqa: F401  (so that its class is among the subclasses)
 
-        real_generate = mod.generate
+        def wrap(cls):
+            real_generate = cls.generate
 
-        def generate(*a, **k):
-            out = real_generate(*a, **k)
-            if hit():
-                _die(kind, calls)
-            return out
+            def generate(self, *a, **k):
+                out = real_generate(self, *a, **k)
+                if hit():
+                    _die(kind, calls)
+                return out
 
-        mod.generate = generate
+            cls.generate = generate
+
+        def every(cls):
+            yield cls
+            for sub in cls.__subclasses__():
+                yield from every(sub)
+
+        for cls in every(engines.Engine):  # each engine class's own generate, whichever the run picks
+            if "generate" in vars(cls):
+                wrap(cls)
     elif kind == "grade":
         import thinkrl.verifier as mod
 

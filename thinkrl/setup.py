@@ -29,8 +29,9 @@ from thinkrl.models import load_base, load_policy, load_tokenizer, parameter_cou
 from thinkrl.rewards import RewardSet
 from thinkrl.rollout.engines import Engine, engine_for_run
 from thinkrl.rollout.policy_copy import PolicySampler
-from thinkrl.run import checkpoint, faults
-from thinkrl.run.console import console
+from thinkrl.run import checkpoint, faults, resume
+from thinkrl.run.atomic import write_atomic
+from thinkrl.run.console import console, shown
 from thinkrl.run.lock import DirLock
 
 
@@ -67,7 +68,7 @@ def prepare_data(cfg: Config, tok) -> tuple[list, dict]:
     if not prompts:
         raise UserError(f"every prompt of {cfg.data.name} is longer than data.max_prompt_tokens={cfg.data.max_prompt_tokens}; raise it")
     note = ", ".join(f"{n} {why}" for why, n in skipped.items()) or "none"
-    console.print(f"data: {cfg.data.name}: {len(prompts)} prompts, skipped: {note}")
+    console.print(f"data: {shown(cfg.data.name)}: {len(prompts)} prompts, skipped: {shown(note)}")
     return prompts, {"dataset": cfg.data.name, "used": len(prompts), "skipped": skipped}
 
 
@@ -110,26 +111,34 @@ def prepare(cfg: Config, accelerator, run_dir: Path, ckpt: Path | None) -> Setup
     seed_pool = _seed_pool(cfg, run_dir) if cfg.seeds.enabled else None
     start = 0
     if ckpt is not None:
-        start = checkpoint.load(ckpt, policy, optimizer, scheduler, method, sampler, seed_pool)["step"]
+        checkpoint.load(ckpt, policy, optimizer, scheduler, method, sampler, seed_pool)
+        start = checkpoint.checkpoint_step(ckpt)  # trainer_state.json agrees with it (checkpoint.verify)
         _use_config_hyperparameters(optimizer, scheduler, tc, total_updates)
         console.print(f"resuming {run_dir} from {ckpt.name}")
     engine = engine_for_run(cfg, device)
     return Setup(policy, tok, method, prompts, report, learner, sampler, engine, seed_pool, start, rewards)
 
 
-def open_run_dir(cfg: Config, run_dir: Path, report: dict, main: bool, locks: contextlib.ExitStack | None = None) -> None:
+def open_run_dir(
+    cfg: Config, run_dir: Path, report: dict, main: bool, locks: contextlib.ExitStack | None = None, resumed: int | None = None
+) -> None:
     """Create the run directory and write its config and data report: only once setup has worked. With
     `locks` (rank 0 of a run whose directory did not exist at start) the directory's lock is taken into it
-    first (thinkrl/run/lock.py), and a run another process made there meanwhile is refused, not overwritten."""
-    with faults.writes(run_dir, run_dir, started=False):
+    first (thinkrl/run/lock.py), and a run another process made there meanwhile is refused, not overwritten.
+    `resumed` (a resume: the step it continues from) records what the resume changed in changes.jsonl before
+    config.yaml takes the new values (thinkrl/run/resume.py). Every file is written atomically;
+    config.yaml last, so a directory holding it has set up."""
+    with faults.writes(run_dir, run_dir, started=resumed is not None):
         run_dir.mkdir(parents=True, exist_ok=True)
         if locks is not None:
             locks.enter_context(DirLock(run_dir, "training run"))
             if (run_dir / "metrics.jsonl").exists():
                 raise UserError(f"{run_dir} was made a run directory by another process while this one set up; pick a new --output-dir")
         if main:
+            if resumed is not None:
+                resume.record(run_dir, resumed, cfg)
+            write_atomic(run_dir / "data_report.json", json.dumps(report, indent=2))
             save_config(cfg, run_dir / "config.yaml")
-            (run_dir / "data_report.json").write_text(json.dumps(report, indent=2))
 
 
 def _use_config_hyperparameters(optimizer, scheduler, tc, total_updates: int) -> None:

@@ -13,6 +13,12 @@ complete checkpoint: train.max_nonfinite_steps steps in a row of NaN/inf updates
 failed write (disk full, unwritable --output-dir), GPU out of memory (nothing new saved). SIGINT/SIGTERM
 finish the step, checkpoint, and print the resume command (exit 0). One process at a time uses a run
 directory: a second one (a resume of a running run) fails in one line naming the first (thinkrl/run/lock.py).
+
+Resume (thinkrl/run/resume.py): a change to what makes the run (model, LoRA shape, method, data, prompts,
+group size, prompts per step, seeds) is refused unless allow_changes, and recorded in RUN_DIR/changes.jsonl;
+config.yaml is rewritten only once the resumed run has set up. A damaged newest checkpoint is named in one line
+and the newest intact one is used (thinkrl/run/checkpoint.py). A new run refuses an --output-dir holding a
+run or other files.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
+from rich.markup import escape
 
 from thinkrl import distributed, setup
 from thinkrl.config import Config
@@ -36,7 +43,8 @@ from thinkrl.learner.update import update
 from thinkrl.models import eos_ids
 from thinkrl.rollout.collect import RolloutContext, collect
 from thinkrl.run import checkpoint, faults, lock, records, trackers
-from thinkrl.run.console import console, progress, step_line
+from thinkrl.run import resume as resuming
+from thinkrl.run.console import console, progress, shown, step_line
 from thinkrl.run.jsonl import JsonlLog
 from thinkrl.verifier import load_grader
 
@@ -50,12 +58,12 @@ def seed_step(seed: int, step: int, device: torch.device, rank: int = 0) -> torc
     return torch.Generator(device=device).manual_seed((s + 7_919 * rank) % 2**63)
 
 
-def train(cfg: Config, resume: bool = False) -> Path:
+def train(cfg: Config, resume: bool = False, allow_changes: bool = False) -> Path:
     with contextlib.ExitStack() as held:  # the run directory's lock (thinkrl/run/lock.py), released however the run ends
-        return _train(cfg, resume, held)
+        return _train(cfg, resume, held, allow_changes)
 
 
-def _train(cfg: Config, resume: bool, held: contextlib.ExitStack) -> Path:
+def _train(cfg: Config, resume: bool, held: contextlib.ExitStack, allow_changes: bool = False) -> Path:
     from accelerate import Accelerator
 
     cfg = resolve(cfg)
@@ -80,18 +88,27 @@ def _train(cfg: Config, resume: bool, held: contextlib.ExitStack) -> Path:
     if locked:  # and a new one as soon as setup has worked and created it (setup.open_run_dir)
         with faults.writes(run_dir / lock.NAME, run_dir, started=False):
             held.enter_context(lock.DirLock(run_dir, "training run"))
-    ckpt = checkpoint.latest(run_dir) if resume else None
+    ckpt, damaged = checkpoint.latest_intact(run_dir) if resume else (None, [])
+    if resume:  # what makes the run may not change (thinkrl/run/resume.py)
+        resuming.check(run_dir, cfg, allow_changes, checkpoint.checkpoint_step(ckpt) if ckpt else 0)
+    for bad, problem in damaged:  # never used: set aside as checkpoints/damaged-step-N once setup has worked
+        console.print(f"[yellow]note: {escape(problem)}: {bad.name} is damaged, so the run resumes from {ckpt.name}[/]", soft_wrap=True)
     if resume and ckpt is None:
         console.print(f"no complete checkpoint in {run_dir}: starting from step 0")
-    if not resume and (run_dir / "metrics.jsonl").exists():
-        raise UserError(f"{run_dir} already holds a run; continue it with --resume {run_dir} or pick a new --output-dir")
+    if not resume:
+        resuming.check_new_run_dir(run_dir)  # an existing run (use --resume) or the user's own files
     setup.check_writable(run_dir)
+    grade_fn = load_grader(cfg.verifier.grader)  # a bad grader fails here, before config.yaml is written
 
     # --- setup: data, model, method, optimizer, sampler, engine; the run directory appears once they work
     s = setup.prepare(cfg, accelerator, run_dir, ckpt)
     policy, tok, method, learner, sampler, engine, seed_pool = s.policy, s.tok, s.method, s.learner, s.sampler, s.engine, s.seed_pool
     accelerator.wait_for_everyone()  # every rank has set up before rank 0 writes anything
-    setup.open_run_dir(cfg, run_dir, s.data_report, main, held if main and not locked else None)
+    setup.open_run_dir(cfg, run_dir, s.data_report, main, held if main and not locked else None, s.start if resume else None)
+    if main and damaged:
+        with faults.writes(run_dir / "checkpoints", run_dir):
+            for moved in checkpoint.set_aside([bad for bad, _ in damaged]):
+                console.print(f"set the damaged checkpoint aside as {escape(str(moved))}; delete it when done with it", soft_wrap=True)
     trackers.start(accelerator, cfg)
     tc, rc, device, start = cfg.train, cfg.rollout, accelerator.device, s.start
     estimator = method.advantage if cfg.advantage.estimator == "auto" else cfg.advantage.estimator
@@ -118,7 +135,7 @@ def _train(cfg: Config, resume: bool, held: contextlib.ExitStack) -> Path:
     step, phase, nonfinite = start, "setup", 0  # nonfinite: steps in a row whose every update was skipped
     try:
         with (
-            faults.ShieldedPool(cfg.verifier.workers, cfg.verifier.timeout, grade_fn=load_grader(cfg.verifier.grader)) as pool,
+            faults.ShieldedPool(cfg.verifier.workers, cfg.verifier.timeout, grade_fn=grade_fn) as pool,
             progress() as bar,
         ):
             task = bar.add_task(cfg.method.name, total=tc.steps, completed=start, info="")
@@ -202,7 +219,7 @@ def run_summary(cfg: Config, resume: bool) -> str:
     what = "resuming" if resume else "run directory"
     return (
         f"{what}: {cfg.output_dir}  (method {cfg.method.name}{'' if cfg.method.recipe else ', no recipe'}, model {cfg.model.name}, "
-        f"data {cfg.data.name}, {t.steps} steps x {r.prompts_per_step} prompts x {r.group_size}, "
+        f"data {shown(cfg.data.name)}, {t.steps} steps x {r.prompts_per_step} prompts x {r.group_size}, "
         f"{t.mini_batches * t.epochs} update(s) per rollout, up to {r.max_new_tokens} new tokens, engine {r.engine})"
     )
 

@@ -1,6 +1,8 @@
 """The run directory and everything that reads or writes it.
 
-checkpoint.py  atomic checkpoints and resuming from the newest complete one
+checkpoint.py  atomic checkpoints and resuming from the newest intact one
+resume.py      what a resume may change (changes.jsonl) and which --output-dir a new run may use
+atomic.py      small files (config.yaml, data_report.json, ...) written atomically
 jsonl.py       metrics.jsonl / rollouts.jsonl, kill-safe JSON lines
 lock.py        one process per run (or eval output) directory: DIR/.lock
 records.py     what one step writes there

@@ -38,6 +38,7 @@ import time
 from pathlib import Path
 
 from thinkrl.errors import UserError
+from thinkrl.run.atomic import pid_alive
 from thinkrl.run.console import console
 
 NAME = ".lock"
@@ -126,7 +127,7 @@ class DirLock:
         elif host != socket.gethostname():
             gone = "" if flock else f"; if it no longer runs, delete {self.path}"
             fix = f"wait for it to finish or stop it (kill {pid} on {host}){gone}"
-        elif flock and not _pid_alive(pid):
+        elif flock and not pid_alive(pid):
             fix = f"PID {pid} has exited, but a process it started still holds the lock: stop that one (`fuser -v {self.path}` names it)"
         else:
             fix = f"wait for it to finish or stop it (kill {pid})"
@@ -176,16 +177,6 @@ def _write(fd: int, holder: dict) -> None:
     os.fsync(fd)
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
-
-
 def _holder_alive(holder: dict) -> bool:
     """Without flock: a recorded holder on another host cannot be checked, so it counts as alive."""
     pid = holder.get("pid")
@@ -193,4 +184,4 @@ def _holder_alive(holder: dict) -> bool:
         return False
     if holder.get("host") != socket.gethostname():
         return True
-    return pid != os.getpid() and _pid_alive(pid)
+    return pid != os.getpid() and pid_alive(pid)

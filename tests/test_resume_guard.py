@@ -1,0 +1,303 @@
+"""Resume and the run directory (thinkrl/run/resume.py, checkpoint.verify, run/atomic.py):
+
+- a resume that changes what makes the run (model, LoRA, method, data, prompts, group size, prompts per step,
+  seeds) is refused in one line naming each key, unless --allow-changes, which records it in changes.jsonl;
+- config.yaml is rewritten only once a resume has set up: a refused or failed one leaves it as it was;
+- a damaged newest checkpoint is named in one line and the newest intact one is used (never one whose files
+  disagree with its step); metrics.jsonl is cut back to it;
+- small files are written atomically: a full disk leaves the previous file whole and the error is one line;
+- a new run refuses an --output-dir holding a run or the user's own files.
+"""
+
+import errno
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from test_cli_e2e import invoke, tiny_args
+from test_faults import COMPARED, error_line, run_cli
+
+from thinkrl.config.load import load_config, resolve, save_config
+from thinkrl.errors import UserError
+from thinkrl.run import atomic, checkpoint, resume
+from thinkrl.run.jsonl import read_jsonl
+
+
+@pytest.fixture(scope="module")
+def base_run(tiny_model_dir, tmp_path_factory) -> Path:
+    """Two steps, a checkpoint after each (step-1, step-2)."""
+    out = tmp_path_factory.mktemp("base") / "run"
+    invoke(tiny_args(tiny_model_dir, out, 2, "-o", "train.save_every=1"))
+    return out
+
+
+@pytest.fixture
+def run(base_run, tmp_path) -> Path:
+    out = tmp_path / "run"
+    shutil.copytree(base_run, out)
+    return out
+
+
+def steps(run: Path) -> list[int]:
+    return [m["step"] for m in read_jsonl(run / "metrics.jsonl")]
+
+
+def changes(run: Path) -> list[dict]:
+    return read_jsonl(run / "changes.jsonl") if (run / "changes.jsonl").exists() else []
+
+
+# --- 1. what a resume may change
+
+
+@pytest.mark.parametrize(
+    "args, shown",
+    [
+        (["-o", "rollout.group_size=8"], "rollout.group_size 4 -> 8"),
+        (["-o", "rollout.prompts_per_step=4"], "rollout.prompts_per_step 2 -> 4"),
+        (["--dataset", "other.jsonl"], "data.name 'arith' -> 'other.jsonl'"),
+        (["-o", "data.limit=10"], "data.limit 0 -> 10"),
+        (["-o", "data.arith.seed=7"], "data.arith.seed 1234 -> 7"),
+        (["-o", "prompt.system=Be brief."], "prompt.system None -> 'Be brief.'"),
+        (["-o", "method.name=dr_grpo"], "method.name 'grpo' -> 'dr_grpo'"),
+        (["-o", "method.clip_high=0.28"], "method.clip_high 0.2 -> 0.28"),
+        (["--model", "smollm2-135m"], "-> 'smollm2-135m'"),
+        (["-o", "model.lora.rank=8"], "model.lora.rank 16 -> 8"),
+        (["-o", "model.lora.alpha=8"], "model.lora.alpha 32.0 -> 8.0"),
+        (["-o", "model.lora.target_modules=[q_proj]"], 'model.lora.target_modules ["all-linear"] -> ["q_proj"]'),
+        (["-o", "train.seed=1"], "train.seed 0 -> 1"),
+    ],
+)
+def test_a_resume_that_changes_what_makes_the_run_is_refused_in_one_line(run, capsys, args, shown):
+    config = (run / "config.yaml").read_bytes()
+    code, err = run_cli(["train", "--resume", run, "-o", "train.steps=3", *args], capsys)
+    line = error_line(err)
+    assert code == 2 and f"error: --resume {run} changes what makes the run: " in line and shown in line, line
+    assert "--allow-changes" in line and "another --output-dir" in line and "train.steps" not in line, line
+    assert "model:" not in err  # refused before anything loads
+    assert (run / "config.yaml").read_bytes() == config and not (run / "changes.jsonl").exists() and steps(run) == [1, 2]
+
+
+def test_refused_and_failed_resumes_leave_config_yaml_and_a_plain_resume_works(run, capsys):
+    config = (run / "config.yaml").read_bytes()
+    attempts = [
+        (["--model", "smollm2-135m"], "model.name"),
+        (["-o", "model.lora.rank=8"], "model.lora.rank 16 -> 8"),
+        (["-o", "model.lora.rank=8", "--allow-changes"], "checkpoints/step-2 does not fit this run (RuntimeError: size mismatch"),
+        (["-o", "verifier.grader=nope:nope"], "verifier.grader='nope:nope' could not be loaded"),
+        (["-o", "verifier.grader=helpers:no_such_grader"], "verifier.grader='helpers:no_such_grader' could not be loaded"),
+    ]
+    for args, part in attempts:
+        code, err = run_cli(["train", "--resume", run, "-o", "train.steps=3", *args], capsys)
+        line = error_line(err)
+        assert code == 2 and part in line, (args, line)
+        assert (run / "config.yaml").read_bytes() == config, args  # never rewritten with settings that failed
+    # what is meant to change on resume needs no flag; the change and its step are recorded
+    allowed = ["train.steps=3", "train.lr=0.02", "train.keep_last=3", "verifier.workers=2"]
+    invoke(["train", "--resume", str(run), *(a for o in allowed for a in ("-o", o))])
+    assert steps(run) == [1, 2, 3]
+    saved = yaml.safe_load((run / "config.yaml").read_text())
+    assert saved["train"]["steps"] == 3 and saved["train"]["lr"] == 0.02 and saved["verifier"]["workers"] == 2
+    [entry] = changes(run)
+    assert entry["step"] == 2 and entry["allowed"] == []
+    assert entry["changed"] == {"verifier.workers": [1, 2], "train.steps": [2, 3], "train.lr": [0.05, 0.02], "train.keep_last": [2, 3]}
+
+
+def test_allow_changes_continues_and_records_the_change_and_its_step(run):
+    invoke(["train", "--resume", str(run), "-o", "train.steps=3", "-o", "rollout.group_size=2", "--allow-changes"])
+    assert steps(run) == [1, 2, 3]
+    assert yaml.safe_load((run / "config.yaml").read_text())["rollout"]["group_size"] == 2
+    assert len([r for r in read_jsonl(run / "rollouts.jsonl") if r["step"] == 3]) == 2 * 2  # the new group size took effect
+    [entry] = changes(run)
+    assert entry["step"] == 2 and entry["changed"] == {"rollout.group_size": [4, 2], "train.steps": [2, 3]}
+    assert entry["allowed"] == ["rollout.group_size"]
+    invoke(["train", "--resume", str(run), "-o", "train.steps=4"])  # config.yaml holds the change: no flag needed again
+    assert steps(run) == [1, 2, 3, 4] and [e["step"] for e in changes(run)] == [2, 3]
+
+
+def test_allow_changes_without_resume_is_refused(capsys):
+    code, err = run_cli(["train", "--allow-changes"], capsys)
+    assert code == 2 and error_line(err) == "error: --allow-changes applies only with --resume RUN_DIR; drop it for a new run"
+
+
+def test_train_help_documents_allow_changes():
+    from typer.testing import CliRunner
+
+    from thinkrl.cli import app
+
+    text = " ".join(CliRunner().invoke(app, ["train", "--help"], terminal_width=300).output.split())
+    assert "--allow-changes" in text and "changes.jsonl" in text
+
+
+def _cfg(tmp_path: Path, *overrides: str):
+    return resolve(load_config(None, ["verifier.workers=1", *overrides], output_dir=str(tmp_path)))
+
+
+def test_changes_are_compared_with_the_settings_of_the_checkpoint_resumed(tmp_path):
+    """A resume from an older checkpoint undoes the changes recorded after it; two resumes from one step
+    (the first failed after writing changes.jsonl) make one line."""
+    four, eight = _cfg(tmp_path, "rollout.group_size=4"), _cfg(tmp_path, "rollout.group_size=8")
+    save_config(four, tmp_path / "config.yaml")
+    resume.record(tmp_path, 2, eight)  # written; config.yaml then failed: it still says 4
+    resume.record(tmp_path, 2, four)  # the same step again, without the change
+    assert changes(tmp_path) == []
+    resume.record(tmp_path, 4, eight)
+    save_config(eight, tmp_path / "config.yaml")
+    resume.check(tmp_path, eight, False, 4)  # resumed from step-4 or later: 8 is the run's own setting
+    with pytest.raises(UserError, match="rollout.group_size 4 -> 8"):
+        resume.check(tmp_path, eight, False, 2)  # step-2 was made with 4
+    resume.record(tmp_path, 2, four)
+    assert changes(tmp_path) == []  # the step-4 change is gone with the steps after step 2
+
+
+# --- 2. atomic small files
+
+
+def fail_after_half(monkeypatch, name: str) -> None:
+    """Writing a file called `name` (through its temporary file) runs out of room halfway."""
+    real = atomic._write
+
+    def write(fd, data):
+        if os.path.basename(os.readlink(f"/proc/self/fd/{fd}")).startswith(f".{name}.tmp"):
+            real(fd, data[: len(data) // 2])
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(fd, data)
+
+    monkeypatch.setattr(atomic, "_write", write)
+
+
+def test_a_full_disk_leaves_the_previous_file_whole(tmp_path, monkeypatch):
+    path = tmp_path / "config.yaml"
+    cfg = _cfg(tmp_path)
+    save_config(cfg, path)
+    before = path.read_bytes()
+    fail_after_half(monkeypatch, "config.yaml")
+    with pytest.raises(OSError, match="No space left"):
+        save_config(_cfg(tmp_path, "train.lr=0.5"), path)
+    assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["config.yaml"]
+
+
+def test_a_full_disk_on_data_report_is_one_line_and_leaves_no_empty_file(tiny_model_dir, tmp_path, monkeypatch, capsys):
+    out = tmp_path / "run"
+    fail_after_half(monkeypatch, "data_report.json")
+    code, err = run_cli(tiny_args(tiny_model_dir, out, 1), capsys)
+    line = error_line(err)
+    assert code == 2 and f"error: cannot write {out} (OSError: [Errno {errno.ENOSPC}] No space left on device" in line, line
+    assert line.endswith("choose another --output-dir"), line
+    assert sorted(p.name for p in out.iterdir()) == []  # no empty data_report.json, no temporary file, no config.yaml
+    resume.check_new_run_dir(out)  # so the same command works once there is room
+
+
+def test_a_full_disk_on_config_yaml_during_a_resume_keeps_the_old_one(run, monkeypatch, capsys):
+    config = (run / "config.yaml").read_bytes()
+    fail_after_half(monkeypatch, "config.yaml")
+    code, err = run_cli(["train", "--resume", run, "-o", "train.steps=3"], capsys)
+    line = error_line(err)
+    assert code == 2 and "No space left on device" in line and f"continue with: thinkrl train --resume {run}" in line, line
+    assert (run / "config.yaml").read_bytes() == config and not [p for p in run.iterdir() if ".tmp" in p.name]
+
+
+# --- 3. damaged checkpoints
+
+
+def _truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+DAMAGE = {
+    "truncated adapter": (lambda c: _truncate(c / "adapter" / "adapter_model.safetensors"), "adapter_model.safetensors is damaged"),
+    "no adapter": (lambda c: shutil.rmtree(c / "adapter"), "adapter is missing"),
+    "no optimizer.pt": (lambda c: (c / "optimizer.pt").unlink(), "optimizer.pt is missing"),
+    "no scheduler.pt": (lambda c: (c / "scheduler.pt").unlink(), "scheduler.pt is missing"),
+    "truncated optimizer.pt": (lambda c: _truncate(c / "optimizer.pt"), "optimizer.pt is damaged (BadZipFile"),
+    "no trainer_state.json": (lambda c: (c / "trainer_state.json").unlink(), "trainer_state.json is missing"),
+    "bad JSON": (lambda c: (c / "trainer_state.json").write_text('{"step": 2,'), "trainer_state.json is not readable JSON"),
+    "step two": (lambda c: (c / "trainer_state.json").write_text('{"step": "two"}'), "trainer_state.json gives step 'two', not an integer"),
+    "step 5": (lambda c: (c / "trainer_state.json").write_text('{"step": 5}'), "trainer_state.json gives step 5, but its directory is"),
+}
+
+
+@pytest.mark.parametrize("damage", DAMAGE)
+def test_a_damaged_checkpoint_is_named_and_the_one_before_is_used(run, damage, capsys):
+    ckpts = run / "checkpoints"
+    harm, problem = DAMAGE[damage]
+    harm(ckpts / "step-2")
+    found = checkpoint.verify(ckpts / "step-2")
+    assert found is not None and found.startswith(str(ckpts / "step-2")) and problem in found, found
+    assert checkpoint.verify(ckpts / "step-1") is None
+    assert checkpoint.latest_intact(run) == (ckpts / "step-1", [(ckpts / "step-2", found)])
+    assert checkpoint.find_checkpoint(str(run)) == (run, ckpts / "step-1")  # eval and export too
+    with pytest.raises(UserError, match="is damaged"):
+        checkpoint.find_checkpoint(str(ckpts / "step-2"))
+    (ckpts / "step-1" / "method.pt").unlink()  # none intact: one line naming each
+    code, err = run_cli(["train", "--resume", run], capsys)
+    line = error_line(err)
+    assert code == 2 and f"no intact checkpoint in {ckpts}: {found}; {ckpts / 'step-1' / 'method.pt'} is missing" in line, line
+
+
+@pytest.mark.parametrize("damage", ["step 5", "truncated adapter"])
+def test_resume_skips_a_damaged_newest_checkpoint_and_cuts_the_metrics_back(run, damage):
+    logged = read_jsonl(run / "metrics.jsonl")
+    DAMAGE[damage][0](run / "checkpoints" / "step-2")
+    result = invoke(["train", "--resume", str(run), "-o", "train.steps=3"])
+    output = " ".join(result.output.split())
+    assert f"note: {run / 'checkpoints' / 'step-2'}/" in output and "step-2 is damaged, so the run resumes from step-1" in output
+    assert "resuming" in output and "from step-1" in output
+    resumed = read_jsonl(run / "metrics.jsonl")
+    assert [m["step"] for m in resumed] == [1, 2, 3]  # never 1, 2, 6, 7: step 2 was trained again, once
+    assert [{k: m.get(k) for k in COMPARED} for m in resumed[:2]] == [{k: m.get(k) for k in COMPARED} for m in logged]
+    names = sorted(p.name for p in (run / "checkpoints").iterdir())
+    assert names == ["damaged-step-2", "step-2", "step-3"]  # set aside, never rotated or used again
+    assert checkpoint.verify(run / "checkpoints" / "step-2") is None
+
+
+# --- 5. --output-dir of a new run
+
+
+def test_a_new_run_refuses_a_directory_with_the_users_own_files(tiny_model_dir, tmp_path, capsys):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "config.yaml").write_text("train:\n  lr: 0.1\n")
+    (out / "notes.txt").write_text("keep me\n")
+    code, err = run_cli(tiny_args(tiny_model_dir, out, 1), capsys)
+    line = error_line(err)
+    assert code == 2 and f"--output-dir {out} is not empty (config.yaml, notes.txt) and is not a thinkrl run directory" in line, line
+    assert line.endswith("choose a new or empty --output-dir") and "model:" not in err
+    assert (out / "config.yaml").read_text() == "train:\n  lr: 0.1\n"  # untouched
+    assert sorted(p.name for p in out.iterdir()) == ["config.yaml", "notes.txt"]
+
+
+def test_a_new_run_refuses_an_existing_run_even_before_its_first_step(run, tiny_model_dir, capsys):
+    config = (run / "config.yaml").read_bytes()
+    for keep in (None, {"config.yaml", "data_report.json"}):  # a run, then one that stopped before its first step
+        if keep:
+            for p in run.iterdir():
+                if p.name not in keep:
+                    shutil.rmtree(p) if p.is_dir() else p.unlink()
+        code, err = run_cli(tiny_args(tiny_model_dir, run, 1), capsys)
+        line = error_line(err)
+        assert code == 2 and line == f"error: {run} already holds a run; continue it with --resume {run} or pick a new --output-dir", line
+        assert (run / "config.yaml").read_bytes() == config
+
+
+def test_an_empty_directory_or_what_a_failed_start_left_is_fine(tmp_path):
+    resume.check_new_run_dir(tmp_path / "absent")
+    resume.check_new_run_dir(tmp_path)
+    for name in (".lock", "data_report.json", f".config.yaml.tmp-{os.getpid()}"):
+        (tmp_path / name).write_text("{}")
+    resume.check_new_run_dir(tmp_path)
+    assert not resume.is_run_dir(tmp_path)
+    (tmp_path / ".git").mkdir()  # anything else is the user's
+    with pytest.raises(UserError, match=r"is not empty \(\.git\)"):
+        resume.check_new_run_dir(tmp_path)
+
+
+def test_a_temporary_file_left_by_a_killed_writer_is_swept_by_the_next_write(tmp_path):
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True).stdout.strip()
+    stale = tmp_path / f".data_report.json.tmp-{dead}"  # a process killed between writing and renaming
+    stale.write_text("{half")
+    atomic.write_atomic(tmp_path / "data_report.json", "{}")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data_report.json"]

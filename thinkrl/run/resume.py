@@ -1,0 +1,182 @@
+"""What a resume may change, the record of what it changed, and which directories a new run may use.
+
+What makes the run. `thinkrl train --resume RUN_DIR [-o KEY=VALUE ...]` compares its settings with the run's
+own RUN_DIR/config.yaml. The settings that make the run may not change: what is trained (model.name,
+model.lora.*: rank, alpha, dropout, target_modules), the method (method.name and every method parameter),
+the prompts (data.*, prompt.*), the shape of a step (rollout.group_size, rollout.prompts_per_step) and
+every seed (train.seed, data.arith.seed: any key named `seed`). Continuing with other values would mix two
+configurations in one metrics.jsonl (or fail to load the checkpoint at all). A resume that changes any of
+them is refused in one line naming each key (old -> new) and the fixes, unless `--allow-changes` says to
+continue with the new values. Everything else may change without the flag: train.steps, train.lr and the
+other optimizer settings, memory knobs (micro-batches, rollout.batch_size, rollout.max_new_tokens), log.*,
+eval.*, train.save_every / keep_last, verifier.*, the output path.
+
+changes.jsonl. A resume that changes any setting (with or without the flag) appends one line to
+RUN_DIR/changes.jsonl, and config.yaml then holds the new values:
+
+    {"step": 4, "time": "2025-01-01 12:00:00", "changed": {"rollout.group_size": [4, 8]}, "allowed": ["rollout.group_size"]}
+
+`step` is the checkpoint the run resumed from: the new values apply from step `step + 1` on. `changed` maps
+every changed key to [old, new], old being the value the steps up to `step` were made with; `allowed` lists
+those that needed --allow-changes. A resume from an older checkpoint drops the lines past it, as it does in
+metrics.jsonl, and is compared with the settings of that checkpoint (config.yaml with the later changes
+undone); two resumes from the same step make one line. Both files are written (atomically) only once the
+resumed run has set up (data, reward functions, grader, model, checkpoint): a refused or failed resume
+leaves config.yaml as it was.
+
+Run directories. A thinkrl run directory is one holding metrics.jsonl, checkpoints/, or a config.yaml that
+thinkrl wrote (every section of the config). A new run (no --resume) refuses an --output-dir holding a run
+(continue it with --resume) and any other non-empty directory (the user's own files: it needs a new or empty
+one); what a failed start can leave there (.lock, data_report.json, temporary files) does not count.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from thinkrl.config import Config
+from thinkrl.config.load import flatten, to_dict
+from thinkrl.errors import UserError
+from thinkrl.run.atomic import write_atomic
+from thinkrl.run.jsonl import read_jsonl
+
+CHANGES = "changes.jsonl"
+_EXACT = {"model.name", "rollout.group_size", "rollout.prompts_per_step"}
+_PREFIXES = ("method.", "model.lora.", "data.", "prompt.")
+# not compared: the path a run is resumed by may be spelled differently; the recipe flag only says where the
+# values came from (the values themselves are compared)
+_IGNORED = {"output_dir", "method.recipe"}
+# what a start that failed before training can leave in an --output-dir (thinkrl's own files)
+_LEFTOVERS = re.compile(r"\.lock|data_report\.json|\..+\.tmp(-\d+)?")
+
+
+def makes_the_run(key: str) -> bool:
+    """A setting a resume may change only with --allow-changes."""
+    return key not in _IGNORED and (key in _EXACT or key.startswith(_PREFIXES) or key.rsplit(".", 1)[-1] == "seed")
+
+
+def _settings(data: dict) -> dict[str, Any]:
+    return {k: v for k, v in flatten(data) if k not in _IGNORED}
+
+
+def _saved(run_dir: Path) -> dict[str, Any] | None:
+    """RUN_DIR/config.yaml as {dotted key: value}; None when there is none."""
+    path = Path(run_dir) / "config.yaml"
+    if not path.is_file():
+        return None
+    try:
+        saved = yaml.safe_load(path.read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        first = (str(e).strip().splitlines() or [""])[0]
+        raise UserError(f"{path} could not be read ({type(e).__name__}: {first}); restore it to resume {run_dir}") from None
+    if not isinstance(saved, dict):
+        raise UserError(f"{path} does not hold a thinkrl config (a mapping of sections); restore it to resume {run_dir}")
+    return _settings(saved)
+
+
+def _entries(run_dir: Path) -> list[dict]:
+    """The lines of RUN_DIR/changes.jsonl (malformed ones left out)."""
+    path = Path(run_dir) / CHANGES
+    try:
+        lines = read_jsonl(path) if path.is_file() else []
+    except (OSError, ValueError, UnicodeDecodeError) as e:
+        raise UserError(f"{path} could not be read ({e}); repair or delete it") from None
+    return [r for r in lines if isinstance(r, dict) and isinstance(r.get("step"), int) and isinstance(r.get("changed"), dict)]
+
+
+def _before(saved: dict[str, Any], entries: list[dict]) -> dict[str, Any]:
+    """The settings before `entries` were made: their changes undone, newest first."""
+    settings = dict(saved)
+    for entry in reversed(entries):
+        for key, change in entry["changed"].items():
+            if isinstance(change, list) and len(change) == 2:
+                settings[key] = change[0]
+    return settings
+
+
+def _differ(base: dict[str, Any], cfg: Config) -> dict[str, tuple[Any, Any]]:
+    """{key: (base value, value now)}; keys missing from an older config.yaml are not compared."""
+    now = _settings(yaml.safe_load(yaml.safe_dump(to_dict(cfg), sort_keys=False)))  # as config.yaml would hold them
+    return {k: (base[k], v) for k, v in now.items() if k in base and base[k] != v}
+
+
+def _show(value: Any) -> str:
+    text = repr(value) if isinstance(value, str) else json.dumps(value) if isinstance(value, (list, dict)) else str(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def check(run_dir: Path, cfg: Config, allow_changes: bool, step: int) -> None:
+    """Refuse (unless allow_changes) a resume from checkpoint `step` that changes what makes the run, compared
+    with the settings that run had at that step (config.yaml with the changes recorded after it undone)."""
+    saved = _saved(run_dir)
+    if saved is None:
+        return
+    base = _before(saved, [e for e in _entries(run_dir) if e["step"] > step])
+    refused = {k: v for k, v in _differ(base, cfg).items() if makes_the_run(k)}
+    if refused and not allow_changes:
+        if "method.name" in refused:  # another method has other parameters: its name says it
+            refused = {k: v for k, v in refused.items() if k == "method.name" or not k.startswith("method.")}
+        listing = ", ".join(f"{k} {_show(old)} -> {_show(new)}" for k, (old, new) in refused.items())
+        raise UserError(
+            f"--resume {run_dir} changes what makes the run: {listing}; its checkpoints and metrics.jsonl were made with "
+            f"the values in {run_dir / 'config.yaml'}. Drop the change to continue the run as it was, start a new run with another "
+            f"--output-dir, or add --allow-changes to continue with the new values (recorded in {run_dir / CHANGES})"
+        )
+
+
+def record(run_dir: Path, step: int, cfg: Config) -> None:
+    """Write RUN_DIR/changes.jsonl (atomically) for a resume from checkpoint `step` with settings `cfg`, before
+    config.yaml takes them: lines past `step` are dropped, and this resume's line (if anything changed) is
+    relative to the settings the steps up to `step` were made with, so an earlier resume from the same step
+    (a failed one included) is folded into it."""
+    saved, entries = _saved(run_dir), _entries(run_dir)
+    if saved is None:
+        return
+    keep = [e for e in entries if e["step"] < step]
+    changed = _differ(_before(saved, [e for e in entries if e["step"] >= step]), cfg)
+    if changed:
+        keep.append(
+            {
+                "step": step,
+                "time": time.strftime("%Y-%m-%d %H:%M:%S"),
+                "changed": {k: [old, new] for k, (old, new) in changed.items()},
+                "allowed": [k for k in changed if makes_the_run(k)],
+            }
+        )
+    if keep != entries:
+        write_atomic(Path(run_dir) / CHANGES, "".join(json.dumps(r) + "\n" for r in keep))
+
+
+def is_run_dir(path: Path) -> bool:
+    """Holds metrics.jsonl, checkpoints/ or a config.yaml that thinkrl wrote (every section of the config)."""
+    path = Path(path)
+    if (path / "metrics.jsonl").exists() or (path / "checkpoints").is_dir():
+        return True
+    try:
+        saved = yaml.safe_load((path / "config.yaml").read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return False
+    return isinstance(saved, dict) and {f.name for f in dataclasses.fields(Config)} <= set(saved)
+
+
+def check_new_run_dir(run_dir: Path) -> None:
+    """A new run's --output-dir: absent, empty, or holding only what a failed start left."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        return
+    if is_run_dir(run_dir):
+        raise UserError(f"{run_dir} already holds a run; continue it with --resume {run_dir} or pick a new --output-dir")
+    others = sorted(p.name for p in run_dir.iterdir() if not _LEFTOVERS.fullmatch(p.name))
+    if others:
+        held = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
+        raise UserError(
+            f"--output-dir {run_dir} is not empty ({held}) and is not a thinkrl run directory; a run writes config.yaml, "
+            "metrics.jsonl and checkpoints/ there, so choose a new or empty --output-dir"
+        )
