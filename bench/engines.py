@@ -7,7 +7,7 @@ from the built-in task, 64 slots (rollout.batch_size), one warm-up call, then on
               80% of them 16-128 tokens, 15% log-uniform up to the budget, 5% (at least one) at the budget
     short     answers of 30-50 tokens (each ends at its own length) under the budget: the memory check
               "budget 8,192 with short answers costs no more than budget 64"
-    fixed     every completion exactly the budget (min_new_tokens): the per-token speed of a full batch
+    fixed     every completion exactly the budget (no end-of-sequence id): the per-token speed of a full batch
 
     python bench/engines.py                                   # the table in bench/RESULTS-engines.md
     python bench/engines.py --engines lean --budgets 64 --groups 8 --modes fixed --old-checkout /tmp/old
@@ -76,7 +76,7 @@ def one(engine_name: str, budget: int, group: int, mode: str, old: bool) -> dict
     problems = load_problems(DataConfig(limit=prompts_n)).problems
     prompts = [p.ids for p in build_prompts(problems, tok, PromptConfig(), 512)[0]]
     R = len(prompts) * group
-    eos = [] if mode in ("spread", "short") else sorted({tok.eos_token_id, model.generation_config.eos_token_id} - {None})
+    eos: list[int] = []  # each completion ends at its own budget (spread, short) or at the budget (fixed)
     budgets = lengths(budget, R) if mode == "spread" else [30 + (7 * i) % 21 for i in range(R)] if mode == "short" else None
     if old:  # the static decoder of the checkout on PYTHONPATH (commit aeb641f)
         from thinkrl.rollout import Sampling, generate
@@ -95,7 +95,7 @@ def one(engine_name: str, budget: int, group: int, mode: str, old: bool) -> dict
 
     warm = Sampling(8, 1.0)
     call(warm, torch.Generator().manual_seed(1))
-    sampling = Sampling(budget, 1.0, min_new_tokens=budget if mode == "fixed" else 0)
+    sampling = Sampling(budget, 1.0)
     rss_before = _mem("VmRSS")
     _mem_reset()
     t0 = time.perf_counter()

@@ -90,3 +90,22 @@ def odd_length_raising_grade(completion: str, answer: str):
 def string_grade(completion: str, answer: str):
     """Returns a string, not (score, extracted)."""
     return "correct"
+
+
+def assert_second_correction_refused_unless_anchor_old(method: str, mode: str) -> None:
+    """A method whose ratio is taken against the sampler mu (method.anchor=behav) refuses correction.mode=tis/mis:
+    r = pi_theta / mu already corrects each token from mu, and TIS/MIS would multiply by pi_old / mu again. With
+    anchor=old, r = pi_theta / pi_old and the correction bridges mu -> pi_old (thinkrl/learner/correction.py)."""
+    import pytest
+
+    from thinkrl.config.load import load_config, resolve
+    from thinkrl.errors import UserError
+    from thinkrl.methods import get_method
+
+    expected = rf"^correction.mode={mode} with method {method}: its ratio is already taken against the sampler mu"
+    with pytest.raises(UserError, match=expected) as e:
+        resolve(load_config(overrides=[f"correction.mode={mode}"], **{"method.name": method}))
+    assert "set correction.mode=none, or method.anchor=old" in str(e.value) and "\n" not in str(e.value)
+    cfg = resolve(load_config(overrides=[f"correction.mode={mode}", "method.anchor=old"], **{"method.name": method}))
+    assert cfg.correction.mode == mode
+    assert get_method(method).mismatch_corrected == "all" and get_method(method, anchor="old").mismatch_corrected == "none"

@@ -81,7 +81,7 @@ def install(spec: str, root: str) -> None:
             if "generate" in vars(cls):
                 wrap(cls)
     elif kind == "grade":
-        import thinkrl.verifier as mod
+        import thinkrl.verifier.pool as mod
 
         real_wait = mod.wait  # VerifierPool.grade waits on its workers' pipes with samples sent
 

@@ -208,6 +208,8 @@ def test_the_trainer_process_never_parses_a_completion(monkeypatch):
         (latex2sympy2_extended, "latex2sympy"),
         (verifier, "extract_boxed"),
         (verifier, "score"),
+        (verifier.grading, "extract_boxed"),  # the package re-exports them: both names
+        (verifier.grading, "score"),
     ]:
         monkeypatch.setattr(module, name, forbidden)
     # the grader itself: a stand-in that pickles under the real one's name, so each worker imports the real one

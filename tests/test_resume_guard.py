@@ -1,4 +1,4 @@
-"""Resume and the run directory (thinkrl/run/resume.py, checkpoint.verify, run/atomic.py):
+"""Resume and the run directory (thinkrl/run/resume.py, intact.verify, run/atomic.py):
 
 - a resume that changes what makes the run (model, LoRA, method, data, prompts, group size, prompts per step,
   seeds) is refused in one line naming each key, unless --allow-changes, which records it in changes.jsonl;
@@ -23,7 +23,7 @@ from test_faults import COMPARED, error_line, run_cli
 
 from thinkrl.config.load import load_config, resolve, save_config
 from thinkrl.errors import UserError
-from thinkrl.run import atomic, checkpoint, resume
+from thinkrl.run import atomic, intact, resume
 from thinkrl.run.jsonl import read_jsonl
 
 
@@ -225,13 +225,13 @@ def test_a_damaged_checkpoint_is_named_and_the_one_before_is_used(run, damage, c
     ckpts = run / "checkpoints"
     harm, problem = DAMAGE[damage]
     harm(ckpts / "step-2")
-    found = checkpoint.verify(ckpts / "step-2")
+    found = intact.verify(ckpts / "step-2")
     assert found is not None and found.startswith(str(ckpts / "step-2")) and problem in found, found
-    assert checkpoint.verify(ckpts / "step-1") is None
-    assert checkpoint.latest_intact(run) == (ckpts / "step-1", [(ckpts / "step-2", found)])
-    assert checkpoint.find_checkpoint(str(run)) == (run, ckpts / "step-1")  # eval and export too
+    assert intact.verify(ckpts / "step-1") is None
+    assert intact.latest_intact(run) == (ckpts / "step-1", [(ckpts / "step-2", found)])
+    assert intact.find_checkpoint(str(run)) == (run, ckpts / "step-1")  # eval and export too
     with pytest.raises(UserError, match="is damaged"):
-        checkpoint.find_checkpoint(str(ckpts / "step-2"))
+        intact.find_checkpoint(str(ckpts / "step-2"))
     (ckpts / "step-1" / "method.pt").unlink()  # none intact: one line naming each
     code, err = run_cli(["train", "--resume", run], capsys)
     line = error_line(err)
@@ -251,7 +251,7 @@ def test_resume_skips_a_damaged_newest_checkpoint_and_cuts_the_metrics_back(run,
     assert [{k: m.get(k) for k in COMPARED} for m in resumed[:2]] == [{k: m.get(k) for k in COMPARED} for m in logged]
     names = sorted(p.name for p in (run / "checkpoints").iterdir())
     assert names == ["damaged-step-2", "step-2", "step-3"]  # set aside, never rotated or used again
-    assert checkpoint.verify(run / "checkpoints" / "step-2") is None
+    assert intact.verify(run / "checkpoints" / "step-2") is None
 
 
 # --- 5. --output-dir of a new run

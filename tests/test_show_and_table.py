@@ -5,7 +5,8 @@ import json
 
 from typer.testing import CliRunner
 
-from thinkrl.cli import _print_table, app
+from thinkrl.cli import app
+from thinkrl.evaluation.metrics import print_table
 from thinkrl.run.console import console
 
 
@@ -47,7 +48,7 @@ def summary(dataset, avg, low, high, truncated, budget=3000):
 def printed(summaries, monkeypatch):
     monkeypatch.setattr(console, "width", 200)
     with console.capture() as cap:
-        _print_table(summaries)
+        print_table(summaries)
     return cap.get()
 
 

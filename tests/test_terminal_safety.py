@@ -11,7 +11,8 @@ from test_cli_e2e import invoke, tiny_args
 from test_faults import error_line, run_cli
 from typer.testing import CliRunner
 
-from thinkrl.cli import _print_table, app
+from thinkrl.cli import app
+from thinkrl.evaluation.metrics import print_table
 from thinkrl.run.console import console, printable, shown
 
 OSC52 = "\x1b]52;c;cHduZWQ=\x07"  # write "pwned" to the clipboard
@@ -93,7 +94,7 @@ def test_the_eval_table_and_compare_print_names_as_text(tmp_path, terminal, monk
     metrics = {"avg@1": 0.5, "pass@1": 0.5, "maj@1": 0.5, "truncated_frac": 0.9}
     summary = {"dataset": f"data/aime{OSC52}[bold red]loud.jsonl", "problems": 3, "metrics": metrics, "settings": {"max_new_tokens": 8}}
     with console.capture() as cap:
-        _print_table([summary])
+        print_table([summary])
     out = cap.get()
     assert_inert(out)
     assert "\x1b[1m" in out  # a terminal's console: rich's own styles are there

@@ -3,7 +3,7 @@
 Importing the package is cheap (no torch). The folders follow a training step:
 rollout/ (sample and score), learner/ (advantages and the update), methods/ (the policy losses, one file
 each, over batch.TokenBatch), evaluation/ (thinkrl eval), run/ (the run directory); train.py is the loop,
-config/ the settings, data/ the problems, models.py the model, verifier.py the grader, cli.py the commands.
+config/ the settings, data/ the problems, models.py the model, verifier/ the grader, cli.py the commands.
 """
 
 __version__ = "0.1.0"

@@ -168,24 +168,9 @@ def eval_(
     if as_json:
         print(json.dumps(summaries if len(summaries) > 1 else summaries[0], indent=2))
     else:
-        _print_table(summaries)
+        from thinkrl.evaluation.metrics import print_table
 
-
-def _print_table(summaries: list[dict]) -> None:
-    from rich.table import Table
-
-    from thinkrl.evaluation.metrics import table_cell, truncation_warning
-    from thinkrl.run.console import console, shown
-
-    keys = list(dict.fromkeys(k for s in summaries for k in s["metrics"] if not k.endswith(("_low", "_high"))))
-    table = Table(title="thinkrl eval (avg@n [95% interval])")
-    for col in ["dataset", "problems", *keys]:
-        table.add_column(col, justify="left" if col == "dataset" else "right")
-    for s in summaries:
-        table.add_row(shown(Path(s["dataset"]).stem), str(s["problems"]), *(table_cell(s["metrics"], k) for k in keys))
-    console.print(table)
-    for line in filter(None, map(truncation_warning, summaries)):  # most answers cut off by the budget
-        console.print(f"[yellow]{shown(line)}[/]")
+        print_table(summaries)
 
 
 @app.command()

@@ -112,7 +112,7 @@ def prepare(cfg: Config, accelerator, run_dir: Path, ckpt: Path | None) -> Setup
     start = 0
     if ckpt is not None:
         checkpoint.load(ckpt, policy, optimizer, scheduler, method, sampler, seed_pool)
-        start = checkpoint.checkpoint_step(ckpt)  # trainer_state.json agrees with it (checkpoint.verify)
+        start = checkpoint.checkpoint_step(ckpt)  # trainer_state.json agrees with it (intact.verify)
         _use_config_hyperparameters(optimizer, scheduler, tc, total_updates)
         console.print(f"resuming {run_dir} from {ckpt.name}")
     engine = engine_for_run(cfg, device)

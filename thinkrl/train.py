@@ -17,7 +17,7 @@ directory: a second one (a resume of a running run) fails in one line naming the
 Resume (thinkrl/run/resume.py): a change to what makes the run (model, LoRA shape, method, data, prompts,
 group size, prompts per step, seeds) is refused unless allow_changes, and recorded in RUN_DIR/changes.jsonl;
 config.yaml is rewritten only once the resumed run has set up. A damaged newest checkpoint is named in one line
-and the newest intact one is used (thinkrl/run/checkpoint.py). A new run refuses an --output-dir holding a
+and the newest intact one is used (thinkrl/run/intact.py). A new run refuses an --output-dir holding a
 run or other files.
 """
 
@@ -42,7 +42,7 @@ from thinkrl.learner.batching import RolloutBatch
 from thinkrl.learner.update import update
 from thinkrl.models import eos_ids
 from thinkrl.rollout.collect import RolloutContext, collect
-from thinkrl.run import checkpoint, faults, lock, records, trackers
+from thinkrl.run import checkpoint, faults, intact, lock, records, trackers
 from thinkrl.run import resume as resuming
 from thinkrl.run.console import console, progress, shown, step_line
 from thinkrl.run.jsonl import JsonlLog
@@ -88,7 +88,7 @@ def _train(cfg: Config, resume: bool, held: contextlib.ExitStack, allow_changes:
     if locked:  # and a new one as soon as setup has worked and created it (setup.open_run_dir)
         with faults.writes(run_dir / lock.NAME, run_dir, started=False):
             held.enter_context(lock.DirLock(run_dir, "training run"))
-    ckpt, damaged = checkpoint.latest_intact(run_dir) if resume else (None, [])
+    ckpt, damaged = intact.latest_intact(run_dir) if resume else (None, [])
     if resume:  # what makes the run may not change (thinkrl/run/resume.py)
         resuming.check(run_dir, cfg, allow_changes, checkpoint.checkpoint_step(ckpt) if ckpt else 0)
     for bad, problem in damaged:  # never used: set aside as checkpoints/damaged-step-N once setup has worked
@@ -107,7 +107,7 @@ def _train(cfg: Config, resume: bool, held: contextlib.ExitStack, allow_changes:
     setup.open_run_dir(cfg, run_dir, s.data_report, main, held if main and not locked else None, s.start if resume else None)
     if main and damaged:
         with faults.writes(run_dir / "checkpoints", run_dir):
-            for moved in checkpoint.set_aside([bad for bad, _ in damaged]):
+            for moved in intact.set_aside([bad for bad, _ in damaged]):
                 console.print(f"set the damaged checkpoint aside as {escape(str(moved))}; delete it when done with it", soft_wrap=True)
     trackers.start(accelerator, cfg)
     tc, rc, device, start = cfg.train, cfg.rollout, accelerator.device, s.start

@@ -3,6 +3,7 @@
 import pytest
 import torch
 from batches import grad_of, probs_batch, random_batch
+from helpers import assert_second_correction_refused_unless_anchor_old
 
 from thinkrl.errors import UserError
 from thinkrl.methods import get_method
@@ -71,15 +72,4 @@ def test_cppo_config_is_validated():
 
 @pytest.mark.parametrize("mode", ["tis", "mis"])
 def test_cppo_refuses_a_second_rollout_correction_unless_anchored_at_pi_old(mode):
-    # anchor=behav: r = pi_theta / mu already corrects each token from mu, and TIS/MIS would multiply by pi_old / mu
-    # again; anchor=old: r = pi_theta / pi_old, and the correction bridges mu -> pi_old (thinkrl/learner/correction.py)
-    from thinkrl.config.load import load_config, resolve
-
-    with pytest.raises(
-        UserError, match=rf"^correction.mode={mode} with method cppo: its ratio is already taken against the sampler mu"
-    ) as e:
-        resolve(load_config(overrides=[f"correction.mode={mode}"], **{"method.name": "cppo"}))
-    assert "set correction.mode=none, or method.anchor=old" in str(e.value) and "\n" not in str(e.value)
-    cfg = resolve(load_config(overrides=[f"correction.mode={mode}", "method.anchor=old"], **{"method.name": "cppo"}))
-    assert cfg.correction.mode == mode
-    assert get_method("cppo").mismatch_corrected == "all" and get_method("cppo", anchor="old").mismatch_corrected == "none"
+    assert_second_correction_refused_unless_anchor_old("cppo", mode)

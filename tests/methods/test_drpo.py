@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 from batches import CONFIGS, grad_of, probs_batch, random_batch
+from helpers import assert_second_correction_refused_unless_anchor_old
 
 from thinkrl.batch import TokenBatch
 from thinkrl.config.load import load_config, resolve
@@ -133,13 +134,4 @@ def test_drpo_advantage_estimator_and_help():
 
 @pytest.mark.parametrize("mode", ["tis", "mis"])
 def test_drpo_refuses_a_second_rollout_correction_unless_anchored_at_pi_old(mode):
-    # anchor=behav: r = pi_theta / mu already corrects each token from mu, and TIS/MIS would multiply by pi_old / mu
-    # again; anchor=old: r = pi_theta / pi_old, and the correction bridges mu -> pi_old (thinkrl/learner/correction.py)
-    with pytest.raises(
-        UserError, match=rf"^correction.mode={mode} with method drpo: its ratio is already taken against the sampler mu"
-    ) as e:
-        resolve(load_config(overrides=[f"correction.mode={mode}"], **{"method.name": "drpo"}))
-    assert "set correction.mode=none, or method.anchor=old" in str(e.value) and "\n" not in str(e.value)
-    cfg = resolve(load_config(overrides=[f"correction.mode={mode}", "method.anchor=old"], **{"method.name": "drpo"}))
-    assert cfg.correction.mode == mode
-    assert get_method("drpo").mismatch_corrected == "all" and get_method("drpo", anchor="old").mismatch_corrected == "none"
+    assert_second_correction_refused_unless_anchor_old("drpo", mode)

@@ -26,15 +26,16 @@ from thinkrl.config import Config, DataConfig, PromptConfig
 from thinkrl.config.load import load_config
 from thinkrl.data import build_prompts, load_problems
 from thinkrl.errors import UserError
-from thinkrl.evaluation.metrics import answer_classes, summarise
+from thinkrl.evaluation.metrics import answer_classes, outcomes, summarise, zero_reason
 from thinkrl.evaluation.settings import EvalSettings, check_resume, check_sample_count, resolve_settings, versions
 from thinkrl.models import eos_ids, load_base, resolve_dtype, resolve_path
 from thinkrl.rollout.completions import Sampling
 from thinkrl.rollout.engines import Engine, make_engine
 from thinkrl.run import faults
 from thinkrl.run.atomic import write_atomic
-from thinkrl.run.checkpoint import checkpoint_step, find_checkpoint
+from thinkrl.run.checkpoint import checkpoint_step
 from thinkrl.run.console import console, progress, shown
+from thinkrl.run.intact import find_checkpoint
 from thinkrl.run.jsonl import JsonlLog, read_jsonl
 from thinkrl.run.lock import DirLock
 from thinkrl.verifier import same_answers
@@ -136,31 +137,6 @@ def eval_dataset(
         return _eval_dataset(model, tok, s, data_cfg, out_dir, pool, engine, run_dir)
     finally:
         lock.release()
-
-
-def zero_reason(correct: bool, extracted, truncated: bool, failure: str | None = None) -> str | None:
-    """Why a sample scored 0: 'timeout' / 'crash' (the verifier ran past its limit or its worker died), 'truncated'
-    (no answer, cut off by the token budget), 'no answer', or 'wrong'; None when it is correct."""
-    if correct:
-        return None
-    if failure:
-        return failure
-    if extracted is None:
-        return "truncated" if truncated else "no answer"
-    return "wrong"
-
-
-OUTCOMES = ("correct", "wrong", "no answer", "truncated", "timeout", "crash")
-
-
-def outcomes(rows: list[dict]) -> dict[str, int]:
-    """How many samples ended each way (rows written before zero_reason was recorded: from their fields)."""
-    out = dict.fromkeys(OUTCOMES, 0)
-    for r in rows:
-        why = r["zero_reason"] if "zero_reason" in r else zero_reason(r["correct"], r.get("extracted"), r.get("truncated", False))
-        key = why or "correct"
-        out[key] = out.get(key, 0) + 1
-    return out
 
 
 def _eval_dataset(

@@ -18,6 +18,8 @@ Definitions (every number in summary.json is one of these):
           without `answer_class`, by earlier versions, vote by their text with whitespace removed.)
   ci95    avg@n +- 1.96 x sample std of per-problem accuracies / sqrt(problems): the interval for a
           fresh draw of problems from the same distribution (sampling noise within a problem included).
+  outcomes  how many samples were correct, wrong, without an answer, truncated, timed out or crashed the
+          grader (`zero_reason` of each sample that scored 0).
 """
 
 from __future__ import annotations
@@ -188,3 +190,45 @@ def truncation_warning(summary: dict) -> str | None:
         f"warning: {Path(summary['dataset']).stem}: {frac:.0%} of the completions hit the {budget}-token budget, so most "
         "answers were cut off before they were given; raise --max-new-tokens"
     )
+
+
+def print_table(summaries: list[dict]) -> None:
+    """The console table of `thinkrl eval`: one row per dataset, each metric with its 95% interval."""
+    from rich.table import Table
+
+    from thinkrl.run.console import console, shown
+
+    keys = list(dict.fromkeys(k for s in summaries for k in s["metrics"] if not k.endswith(("_low", "_high"))))
+    table = Table(title="thinkrl eval (avg@n [95% interval])")
+    for col in ["dataset", "problems", *keys]:
+        table.add_column(col, justify="left" if col == "dataset" else "right")
+    for s in summaries:
+        table.add_row(shown(Path(s["dataset"]).stem), str(s["problems"]), *(table_cell(s["metrics"], k) for k in keys))
+    console.print(table)
+    for line in filter(None, map(truncation_warning, summaries)):  # most answers cut off by the budget
+        console.print(f"[yellow]{shown(line)}[/]")
+
+
+def zero_reason(correct: bool, extracted, truncated: bool, failure: str | None = None) -> str | None:
+    """Why a sample scored 0: 'timeout' / 'crash' (the verifier ran past its limit or its worker died), 'truncated'
+    (no answer, cut off by the token budget), 'no answer', or 'wrong'; None when it is correct."""
+    if correct:
+        return None
+    if failure:
+        return failure
+    if extracted is None:
+        return "truncated" if truncated else "no answer"
+    return "wrong"
+
+
+OUTCOMES = ("correct", "wrong", "no answer", "truncated", "timeout", "crash")
+
+
+def outcomes(rows: list[dict]) -> dict[str, int]:
+    """How many samples ended each way (rows written before zero_reason was recorded: from their fields)."""
+    out = dict.fromkeys(OUTCOMES, 0)
+    for r in rows:
+        why = r["zero_reason"] if "zero_reason" in r else zero_reason(r["correct"], r.get("extracted"), r.get("truncated", False))
+        key = why or "correct"
+        out[key] = out.get(key, 0) + 1
+    return out

@@ -1,6 +1,7 @@
 """The run directory and everything that reads or writes it.
 
-checkpoint.py  atomic checkpoints and resuming from the newest intact one
+checkpoint.py  atomic checkpoints: save, load, rotate
+intact.py      which checkpoint a resume, eval or export uses: damaged ones named and skipped
 resume.py      what a resume may change (changes.jsonl) and which --output-dir a new run may use
 atomic.py      small files (config.yaml, data_report.json, ...) written atomically
 jsonl.py       metrics.jsonl / rollouts.jsonl, kill-safe JSON lines

@@ -17,8 +17,8 @@ import torch
 from thinkrl.config.load import load_config
 from thinkrl.errors import UserError
 from thinkrl.models import load_base, load_tokenizer, resolve_path
-from thinkrl.run.checkpoint import find_checkpoint
 from thinkrl.run.console import console
+from thinkrl.run.intact import find_checkpoint
 
 
 def export(source: Path, out: Path, merge: bool = False, dtype: str = "float32") -> Path:
