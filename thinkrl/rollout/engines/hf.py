@@ -58,13 +58,16 @@ class TransformersEngine(Engine):
             max_batch_tokens=max(self.slots, 256),
             seed=seed,
         )
-        quiet = logging.getLogger("transformers.generation.continuous_batching")
-        level = quiet.level
-        quiet.setLevel(logging.ERROR)  # per-request warnings ("useless token") would flood the console
+        # per-request and per-call warnings ("useless token", "eos_token_id not set") would flood the console
+        quiet = [logging.getLogger(n) for n in ("transformers.generation.continuous_batching", "ContinuousBatchingLogger")]
+        levels = [q.level for q in quiet]
+        for q in quiet:
+            q.setLevel(logging.ERROR)
         try:
             results = _run(model, _config(sampling, pad_id), cb, inputs, limits, list(eos_ids) or [-1])
         finally:
-            quiet.setLevel(level)
+            for q, level in zip(quiet, levels):
+                q.setLevel(level)
         comp = _completions(results, eos_ids, pad_id, next(model.parameters()).device)
         if record_topk or record_entropy:
             _record(model, inputs, comp, sampling, pad_id, record_topk, record_entropy)
