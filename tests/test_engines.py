@@ -233,3 +233,21 @@ def test_train_and_eval_run_with_each_engine(name, tiny_dir, tmp_path):
         invoke(["eval", "--model", str(out), "--limit", "6", "--engine", engine, "--output", str(dest)])
         answers[engine] = [(r["id"], r["completion"]) for r in read_jsonl(dest / "samples.jsonl")]
     assert sorted(answers[name]) == sorted(answers["lean"])
+
+
+def test_library_notes_are_quiet_inside_an_engine_call_and_restored_after(caplog):
+    """Per-call library lines (transformers' continuous batching, vLLM's weight reloads) would print at every
+    training step; inside `quiet` only errors pass, and each logger's own level comes back afterwards."""
+    import logging
+
+    from thinkrl.rollout.engines import quiet
+
+    log = logging.getLogger("ContinuousBatchingLogger")
+    log.setLevel(logging.INFO)
+    with caplog.at_level(logging.INFO, logger="ContinuousBatchingLogger"):
+        with quiet("ContinuousBatchingLogger"):
+            log.warning("eos_token_id not set")
+            log.error("a real failure")
+        log.warning("after")
+    assert [r.getMessage() for r in caplog.records] == ["a real failure", "after"]
+    assert log.level == logging.INFO

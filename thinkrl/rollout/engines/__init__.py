@@ -16,6 +16,8 @@ softmax), and the top-K / entropy of that distribution when asked for.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 from typing import Any, ClassVar
 
 import torch
@@ -24,6 +26,21 @@ from thinkrl.errors import UserError
 from thinkrl.rollout.completions import Completions, Sampling
 
 NAMES = ("auto", "lean", "transformers", "vllm")
+
+
+@contextlib.contextmanager
+def quiet(*loggers: str):
+    """Only errors from these libraries' loggers while the block runs: their per-call notes (transformers'
+    "eos_token_id not set", vLLM's weight-reload lines) would otherwise print at every training step."""
+    held = [logging.getLogger(name) for name in loggers]
+    levels = [log.level for log in held]
+    for log in held:
+        log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for log, level in zip(held, levels):
+            log.setLevel(level)
 
 
 class Engine:

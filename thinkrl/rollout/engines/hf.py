@@ -18,7 +18,6 @@ so rollout.min_new_tokens > 0 is refused here.
 
 from __future__ import annotations
 
-import logging
 import math
 
 import torch
@@ -26,7 +25,7 @@ import torch
 from thinkrl.errors import UserError
 from thinkrl.learner.logprobs import visit_distributions
 from thinkrl.rollout.completions import Completions, Sampling
-from thinkrl.rollout.engines import Engine
+from thinkrl.rollout.engines import Engine, quiet
 from thinkrl.rollout.sampling import processed_logp
 
 PAGE = 64  # tokens per cache page
@@ -58,16 +57,8 @@ class TransformersEngine(Engine):
             max_batch_tokens=max(self.slots, 256),
             seed=seed,
         )
-        # per-request and per-call warnings ("useless token", "eos_token_id not set") would flood the console
-        quiet = [logging.getLogger(n) for n in ("transformers.generation.continuous_batching", "ContinuousBatchingLogger")]
-        levels = [q.level for q in quiet]
-        for q in quiet:
-            q.setLevel(logging.ERROR)
-        try:
+        with quiet("transformers.generation.continuous_batching", "ContinuousBatchingLogger"):
             results = _run(model, _config(sampling, pad_id), cb, inputs, limits, list(eos_ids) or [-1])
-        finally:
-            for q, level in zip(quiet, levels):
-                q.setLevel(level)
         comp = _completions(results, eos_ids, pad_id, next(model.parameters()).device)
         if record_topk or record_entropy:
             _record(model, inputs, comp, sampling, pad_id, record_topk, record_entropy)

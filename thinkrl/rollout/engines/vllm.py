@@ -28,7 +28,7 @@ import torch
 
 from thinkrl.errors import UserError
 from thinkrl.rollout.completions import Completions, Sampling
-from thinkrl.rollout.engines import Engine
+from thinkrl.rollout.engines import Engine, quiet
 
 DTYPES = {"same": None, "bf16": "bfloat16", "fp16": "float16", "fp8": None}
 
@@ -75,8 +75,9 @@ class VLLMEngine(Engine):
         if self._pushed == key and key[1] is not None:
             return
         weights = [(name, p.detach()) for name, p in model.state_dict().items()]
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
-        self.llm.reset_prefix_cache()  # cached prefixes were computed with the old weights
+        with quiet("vllm"):  # a few INFO/WARNING lines per reload, i.e. per training step
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
+            self.llm.reset_prefix_cache()  # cached prefixes were computed with the old weights
         self._pushed = key
 
     def generate(self, model, prompts, group_size, sampling, eos_ids, pad_id, generator=None, record_topk=0, record_entropy=False,
