@@ -87,9 +87,9 @@ class LeanEngine(Engine):
 
 
 def pick(device: torch.device, max_new_tokens: int) -> str:
-    """`auto`: lean on the CPU (faster than transformers in every row of bench/RESULTS-engines.md; vLLM's CPU build
-    needs its own venv and is chosen explicitly); on a GPU vllm
-    when it is installed, else transformers' paged continuous batching, whose memory follows live tokens."""
+    """`auto`: lean on the CPU (faster than transformers in every row of bench/RESULTS-engines.md; vLLM's CPU
+    build needs its own venv and is chosen explicitly); on a GPU vllm when it is installed, else transformers'
+    paged continuous batching, whose memory follows live tokens."""
     if device.type != "cuda":
         return "lean"
     return "vllm" if _vllm_installed() else "transformers"
