@@ -54,7 +54,7 @@ def odd_reward(completion: str, answer: str):
     return {"text": "high", "nan": float("nan")}.get(completion, 1.0)
 
 
-# graders with bugs (tests/test_bad_values.py): what a verifier.grader may return, right and wrong
+# graders with bugs (tests/test_bad_returns.py): what a verifier.grader may return, right and wrong
 
 
 def shaped_grade(completion: str, answer: str):
