@@ -144,3 +144,20 @@ def test_the_last_long_rows_do_not_grow_storage_for_every_slot(llama):
     per_position = 2 * c.num_hidden_layers * c.num_key_value_heads * (c.hidden_size // c.num_attention_heads) * 4  # fp32 K and V
     every_slot = 8 * stats["generate/kv_capacity"] * per_position
     assert stats["generate/kv_capacity"] >= 200 and stats["generate/kv_mb"] * 2**20 < every_slot / 2
+
+
+def test_the_first_token_comes_from_the_prefill(llama):
+    """Every request's first token is drawn from its prompt's prefill logits: 12 tokens per row take 11 decode
+    steps, and the tokens and log-probs are still the transformers forward's."""
+    sampling = Sampling(12, 1.0)
+    comp, stats = lean_generate(llama, PROMPTS, 2, sampling, [], 0, torch.Generator().manual_seed(5))
+    ref = reference_generate(llama, PROMPTS, 2, sampling, [], 0, torch.Generator().manual_seed(5))
+    assert stats["generate/decode_steps"] == 11 and bool((comp.lengths == 12).all())
+    assert torch.equal(comp.tokens, ref.tokens)
+    torch.testing.assert_close(comp.behav_logp, ref.behav_logp, atol=1e-5, rtol=0)
+
+
+def test_a_request_that_ends_at_its_first_token_frees_its_slot_at_once(llama):
+    """Budget 1: every request ends in the prefill, so no decode step runs and all 12 requests are answered."""
+    comp, stats = lean_generate(llama, PROMPTS, 4, Sampling(1, 1.0), [], 0, torch.Generator().manual_seed(6), slots=2)
+    assert stats["generate/decode_steps"] == 0 and comp.lengths.tolist() == [1] * 12

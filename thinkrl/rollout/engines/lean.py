@@ -5,7 +5,8 @@ some finish, their slots are refilled from the queue of pending requests, so slo
 queue runs dry: with reasoning-length spreads (hundreds to tens of thousands of tokens) a batch no longer
 runs at the pace of its longest row with most slots empty. Refills wait until a sixteenth of the slots is
 free (or nothing else is live), so one prefill pass serves several requests; the completions of one prompt
-that start together share that pass. Once the queue is dry and at most half the active slots are live, the
+that start together share that pass, and it also gives each request its first token (no decode step spent
+on the prompt's last token). Once the queue is dry and at most half the active slots are live, the
 live rows move down into the lowest slots (copying only their own keys and values, into storage for them
 alone) and later steps run over those slots alone.
 
@@ -83,30 +84,8 @@ def _run(dec: LeanDecoder, prompts, G: int, sampling: Sampling, eos_ids, pad_id:
     active = S  # steps run over slots [0, active)
     busy_share, busy_steps, steps = 0.0, 0, 0
 
-    def fill(free: list[int]) -> None:
-        """Start the next requests in these free slots: prefill each distinct prompt but its last token
-        once, for every slot that starts it; that last token is the slot's first decode input."""
-        take = [queue.popleft() for _ in range(min(len(free), len(queue)))]
-        where = torch.tensor(free[: len(take)], device=device)
-        distinct = list(dict.fromkeys(r // G for r in take))
-        heads = [p for p in distinct if len(prompts[p]) > 1]
-        rows = [j for j, r in enumerate(take) if len(prompts[r // G]) > 1]
-        if heads:
-            which = torch.tensor([heads.index(take[j] // G) for j in rows], device=device)
-            dec.prefill(where[rows], [prompts[p][:-1] for p in heads], which)
-        slot_req[where] = torch.tensor(take, device=device)
-        tokens[where] = torch.tensor([prompts[r // G][-1] for r in take], device=device)
-        live[where], made[where] = True, 0
-
-    fill(list(range(S)))
-    while True:
-        idx = live[:active].nonzero().squeeze(-1)  # (b,) live slots
-        if idx.numel() == 0:
-            break
-        if queue:
-            busy_share, busy_steps = busy_share + idx.numel() / S, busy_steps + 1
-        logits = dec.step(tokens[:active], live[:active])[idx]  # (b, V)
-        steps += 1
+    def advance(idx: Tensor, logits: Tensor) -> None:
+        """Slots idx (b,) draw their next token from logits (b, V); finished slots are freed."""
         if sampling.min_new_tokens:  # no end of sequence before min_new_tokens
             early = made[idx] < sampling.min_new_tokens  # (b,)
             logits[:, eos] = logits[:, eos].masked_fill(early[:, None], float("-inf"))
@@ -117,11 +96,36 @@ def _run(dec: LeanDecoder, prompts, G: int, sampling: Sampling, eos_ids, pad_id:
         ended = torch.isin(tok, eos)  # (b,)
         rec.finish(req[ended])
         tokens[idx] = tok
-        done = ended | (made[idx] >= limit[req])
-        if bool(done.any()):
-            gone = idx[done]
-            live[gone] = False
-            dec.free(gone)
+        gone = idx[ended | (made[idx] >= limit[req])]
+        live[gone] = False
+        dec.free(gone)
+
+    def fill(free: list[int]) -> None:
+        """Start the next requests in these free slots: prefill each distinct prompt once, for every slot
+        that starts it, and draw each request's first token from the prefill's logits (a request that ends
+        there frees its slot for the next one at once)."""
+        while free and queue:
+            take = [queue.popleft() for _ in range(min(len(free), len(queue)))]
+            where = torch.tensor(free[: len(take)], device=device)
+            distinct = list(dict.fromkeys(r // G for r in take))
+            which = torch.tensor([distinct.index(r // G) for r in take], device=device)
+            logits = dec.prefill(where, [prompts[p] for p in distinct], which)  # (k, V)
+            slot_req[where] = torch.tensor(take, device=device)
+            live[where], made[where] = True, 0
+            advance(where, logits)
+            free = free[len(take) :] + where[~live[where]].tolist()
+
+    fill(list(range(S)))
+    while True:
+        idx = live[:active].nonzero().squeeze(-1)  # (b,) live slots
+        if idx.numel() == 0:
+            break
+        if queue:
+            busy_share, busy_steps = busy_share + idx.numel() / S, busy_steps + 1
+        logits = dec.step(tokens[:active], live[:active])  # (active, V)
+        steps += 1
+        advance(idx, logits if idx.numel() == active else logits[idx])  # (b, V)
+        if idx.numel() > int(live[:active].sum()):  # some rows finished
             free = (~live).nonzero().squeeze(-1).tolist()
             if queue and (len(free) >= refill_at or not bool(live.any())):
                 fill(free)
