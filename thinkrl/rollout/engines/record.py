@@ -1,8 +1,12 @@
 """Turning a decode loop's steps into `Completions`, the same way for every engine.
 
-A loop reports each step's sampled tokens as (request, position, token, log-prob, distribution) for the rows
-that drew one; `Recorder` keeps what the step asked for (top-K, entropy of the distribution the token was
-drawn from) and assembles right-padded (R, T) tensors at the end. Memory follows the generated tokens.
+A loop reports each step's sampled tokens as (request, token, log-prob, distribution) for the rows that drew
+one; `Recorder` writes them, with what the step asked for (top-K, entropy of the distribution the token was
+drawn from), into (R, capacity) buffers and returns right-padded (R, T) tensors at the end. The capacity grows
+geometrically with the longest completion, so memory follows the generated tokens; writing in place, rather
+than keeping a few small tensors per step, matters on the CPU: small long-lived allocations made between a
+step's large temporaries fragment the heap, and with 64 rows that grew the resident set by ~25 MB per step
+(measured with bench/engines.py, `fixed` mode).
 """
 
 from __future__ import annotations
@@ -17,23 +21,46 @@ class Recorder:
     def __init__(self, requests: int, pad_id: int, device, record_topk: int = 0, record_entropy: bool = False) -> None:
         self.R, self.pad, self.device = requests, pad_id, device
         self.topk, self.entropy = record_topk, record_entropy
-        self.parts: list[tuple[Tensor, ...]] = []
         self.lengths = torch.zeros(requests, dtype=torch.long, device=device)
         self.finished = torch.zeros(requests, dtype=torch.bool, device=device)
+        self.buffers: dict[str, Tensor] = {}
+        self.width = record_topk  # top-K columns: min(K, vocabulary size) once a step has been recorded
+        self._grow(0)
+
+    def _grow(self, capacity: int) -> None:
+        """Buffers with room for `capacity` tokens per request, keeping what is written."""
+        R, dev, K = self.R, self.device, self.topk
+        fresh = {
+            "tokens": torch.full((R, capacity), self.pad, dtype=torch.long, device=dev),
+            "behav": torch.zeros((R, capacity), dtype=torch.float32, device=dev),
+        }
+        if K:
+            fresh["topk_ids"] = torch.zeros((R, capacity, K), dtype=torch.long, device=dev)
+            fresh["topk_logp"] = torch.zeros((R, capacity, K), device=dev)
+        if self.entropy:
+            fresh["entropy"] = torch.zeros((R, capacity), device=dev)
+        for name, old in self.buffers.items():
+            fresh[name][:, : old.shape[1]] = old
+        self.buffers, self.capacity = fresh, capacity
 
     def add(self, req: Tensor, tok: Tensor, logp: Tensor, dist: Tensor | None) -> None:
         """One step: requests req (b,) drew tokens tok (b,) with log-probs logp (b,) from dist (b, V), the
         processed log-distribution (needed only when top-K or entropy is recorded)."""
         pos = self.lengths[req]  # (b,)
-        extra: tuple[Tensor, ...] = ()
+        need = int(pos.max()) + 1 if len(pos) else 0
+        if need > self.capacity:
+            self._grow(max(need, 2 * self.capacity, 64))
+        buf = self.buffers
+        buf["tokens"][req, pos], buf["behav"][req, pos] = tok, logp.float()
         if self.topk:
             assert dist is not None
-            top = dist.topk(min(self.topk, dist.shape[-1]), dim=-1)  # (b, K)
-            extra += (top.indices, top.values.clamp(min=-1e4))  # -inf (truncated) -> finite
+            self.width = min(self.topk, dist.shape[-1])
+            top = dist.topk(self.width, dim=-1)  # (b, K)
+            buf["topk_ids"][req, pos, : self.width] = top.indices
+            buf["topk_logp"][req, pos, : self.width] = top.values.clamp(min=-1e4)  # -inf (truncated) -> finite
         if self.entropy:
             assert dist is not None
-            extra += (-torch.where(dist > -torch.inf, dist.exp() * dist, 0.0).sum(-1),)  # (b,)
-        self.parts.append((req, pos, tok, logp.float(), *extra))
+            buf["entropy"][req, pos] = -torch.where(dist > -torch.inf, dist.exp() * dist, 0.0).sum(-1)  # (b,)
         self.lengths[req] += 1
 
     def finish(self, req: Tensor) -> None:
@@ -41,26 +68,14 @@ class Recorder:
         self.finished[req] = True
 
     def completions(self) -> Completions:
-        R, dev = self.R, self.device
-        T = int(self.lengths.max()) if R else 0
-        cols = [torch.cat(c) for c in zip(*self.parts)] if self.parts else []
-        tokens = torch.full((R, T), self.pad, dtype=torch.long, device=dev)
-        behav = torch.zeros((R, T), dtype=torch.float32, device=dev)
-        topk_ids = topk_logp = entropy = None
-        if cols:
-            req, pos = cols[0], cols[1]
-            tokens[req, pos], behav[req, pos] = cols[2], cols[3]
-            if self.topk:
-                topk_ids = torch.zeros((R, T, cols[4].shape[-1]), dtype=torch.long, device=dev)
-                topk_logp = torch.zeros((R, T, cols[4].shape[-1]), device=dev)
-                topk_ids[req, pos], topk_logp[req, pos] = cols[4], cols[5]
-            if self.entropy:
-                entropy = torch.zeros((R, T), device=dev)
-                entropy[req, pos] = cols[-1]
-        elif self.topk:
-            topk_ids = torch.zeros((R, T, self.topk), dtype=torch.long, device=dev)
-            topk_logp = torch.zeros((R, T, self.topk), device=dev)
-        if self.entropy and entropy is None:
-            entropy = torch.zeros((R, T), device=dev)
-        mask = torch.arange(T, device=dev)[None] < self.lengths[:, None]  # (R, T)
-        return Completions(tokens, behav, mask, self.lengths.clone(), ~self.finished, topk_ids, topk_logp, entropy)
+        T = int(self.lengths.max()) if self.R else 0
+        out = {name: buf[:, :T].clone() for name, buf in self.buffers.items()}  # (R, T[, K]): the capacity let go
+        self.buffers = {}
+        for name in ("topk_ids", "topk_logp"):  # a vocabulary smaller than K gives fewer columns
+            if name in out:
+                out[name] = out[name][..., : self.width]
+        mask = torch.arange(T, device=self.device)[None] < self.lengths[:, None]  # (R, T)
+        return Completions(
+            out["tokens"], out["behav"], mask, self.lengths.clone(), ~self.finished,
+            out.get("topk_ids"), out.get("topk_logp"), out.get("entropy"),
+        )  # fmt: skip
