@@ -214,7 +214,9 @@ class LeanDecoder:
         # every slot's new key at its own position (cheaper than advanced-index assignment, measured)
         heads = torch.arange(n, device=device)[:, None] * Hk + torch.arange(Hk, device=device)  # (n, Hk)
         at = (heads * self.capacity + positions[:, None]).reshape(-1)  # (n Hk,)
-        mask = (torch.arange(end, device=device)[None] <= positions[:, None])[:, None, None]  # (n, 1, 1, end)
+        # rows all at one position (one prompt's group before any refill) attend to every stored position: no mask
+        aligned = int(positions.min()) == end - 1
+        mask = None if aligned else (torch.arange(end, device=device)[None] <= positions[:, None])[:, None, None]  # (n, 1, 1, end)
 
         def store(i: int, k: Tensor, v: Tensor) -> None:
             self.keys[i].view(-1, D).index_copy_(0, at, k.reshape(n * Hk, D))
