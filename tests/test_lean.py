@@ -161,3 +161,20 @@ def test_a_request_that_ends_at_its_first_token_frees_its_slot_at_once(llama):
     """Budget 1: every request ends in the prefill, so no decode step runs and all 12 requests are answered."""
     comp, stats = lean_generate(llama, PROMPTS, 4, Sampling(1, 1.0), [], 0, torch.Generator().manual_seed(6), slots=2)
     assert stats["generate/decode_steps"] == 0 and comp.lengths.tolist() == [1] * 12
+
+
+def test_the_recorder_keeps_every_step_across_its_growth():
+    """The Recorder writes into buffers that grow past 64 tokens; what was written before a growth survives, and
+    a vocabulary smaller than K gives K = vocabulary columns."""
+    from thinkrl.rollout.engines.record import Recorder
+
+    rec = Recorder(2, pad_id=-1, device="cpu", record_topk=3, record_entropy=True)
+    dist = torch.log(torch.tensor([[0.25, 0.75], [0.5, 0.5]]))  # (2, V=2)
+    for t in range(70):
+        rows = torch.tensor([0, 1]) if t < 50 else torch.tensor([0])  # request 1 stops after 50 tokens
+        rec.add(rows, torch.full((len(rows),), t), torch.full((len(rows),), -float(t)), dist[rows])
+    comp = rec.completions()
+    assert comp.tokens.shape == (2, 70) and comp.lengths.tolist() == [70, 50]
+    assert comp.tokens[0].tolist() == list(range(70)) and comp.tokens[1, 50:].eq(-1).all()
+    assert comp.behav_logp[0, 69] == -69.0 and comp.topk_ids.shape == (2, 70, 2)
+    assert comp.topk_ids[0, 0].tolist() == [1, 0] and torch.allclose(comp.entropy[1, :50], torch.tensor(0.6931), atol=1e-4)
