@@ -126,7 +126,7 @@ def run_trl(a) -> dict:
     from trl import GRPOConfig, GRPOTrainer
 
     from thinkrl.config import ArithConfig, PromptConfig
-    from thinkrl.data import arith_problems
+    from thinkrl.data.arith import arith_problems
     from thinkrl.models import load_tokenizer, resolve_path
     from thinkrl.verifier import score
 

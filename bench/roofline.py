@@ -69,7 +69,7 @@ def describe(floor: dict, gflops: float, gbs: float, achieved: dict[str, float])
 def prompt_tokens(model: str) -> int:
     """Mean token length of the bench's chat-formatted prompts."""
     from thinkrl.config import ArithConfig, PromptConfig
-    from thinkrl.data import arith_problems
+    from thinkrl.data.arith import arith_problems
     from thinkrl.models import load_tokenizer, resolve_path
 
     tok = load_tokenizer(resolve_path(model))

@@ -17,7 +17,7 @@ import random
 import time
 
 from thinkrl.config import ArithConfig
-from thinkrl.data import arith_problems
+from thinkrl.data.arith import arith_problems
 from thinkrl.verifier import VerifierPool
 
 

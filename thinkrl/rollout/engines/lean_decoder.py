@@ -11,13 +11,20 @@ sequence grows (never the whole budget up front), so memory follows the longest 
 A finished row's slot is refilled in place by `prefill` with a new sequence: nothing is copied when rows
 finish. Once nothing waits to be refilled, `compact` packs the live rows into storage for them alone, so the
 last long rows of a batch do not grow storage for every slot. `release()` frees it (before the update phase).
+
+Each generation call starts by packing the (just refreshed) weights for oneDNN (thinkrl/packed.py: 3.6x
+faster decode matmuls on this project's CPU, measured); `release()` drops the packed copy with the storage.
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from thinkrl.packed import PackedLinear
 
 SUPPORTED = ("LlamaForCausalLM", "Qwen2ForCausalLM")
 CHUNK = 64  # smallest capacity step, in positions; growth is geometric above it (amortised O(1) per token)
@@ -41,6 +48,19 @@ def _fuse(modules, name: str = "weight") -> Tensor | None:
 def _rotate_half(x: Tensor) -> Tensor:
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat((-x2, x1), dim=-1)
+
+
+class _Layer(NamedTuple):
+    """One decoder layer's weights; the fused matrices are views shared with the model's modules (_fuse)."""
+
+    norm1: Tensor
+    w_qkv: Tensor
+    b_qkv: Tensor | None
+    w_o: Tensor
+    b_o: Tensor | None
+    norm2: Tensor
+    w_gate_up: Tensor
+    w_down: Tensor
 
 
 class LeanDecoder:
@@ -69,12 +89,12 @@ class LeanDecoder:
         self.Hq, self.Hk = c.num_attention_heads, c.num_key_value_heads
         self.D = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
         self.eps, self.body, self.head = c.rms_norm_eps, body, model.lm_head
-        self.layers = []
+        self.layers: list[_Layer] = []
         for layer in body.layers:
             a, m = layer.self_attn, layer.mlp
             qkv = [a.q_proj, a.k_proj, a.v_proj]
             self.layers.append(
-                (
+                _Layer(
                     layer.input_layernorm.weight,
                     _fuse(qkv),
                     _fuse(qkv, "bias"),
@@ -88,20 +108,38 @@ class LeanDecoder:
         self.keys: list[Tensor] = []
         self.values: list[Tensor] = []
         self.lengths = torch.zeros(0, dtype=torch.long)
+        self.linears: list[tuple[PackedLinear, ...]] = []  # per layer: qkv, o, gate/up, down (built by reset)
+        self.lm_head: PackedLinear | None = None
+
+    def _pack(self, rows: int) -> None:
+        """The weights as they are now, packed for calls of about `rows` rows (a copy: reset() runs after
+        every refresh of the sampling weights, so the copy is never stale)."""
+        self.linears = [
+            (
+                PackedLinear(layer.w_qkv, layer.b_qkv, rows),
+                PackedLinear(layer.w_o, layer.b_o, rows),
+                PackedLinear(layer.w_gate_up, None, rows),
+                PackedLinear(layer.w_down, None, rows),
+            )
+            for layer in self.layers
+        ]
+        self.lm_head = PackedLinear(self.head.weight, self.head.bias, rows)
 
     # -- storage
 
     def reset(self, slots: int) -> None:
         """Empty storage for `slots` sequences (capacity grows on demand)."""
-        ref = self.layers[0][1]
+        ref = self.layers[0].w_qkv
         self.keys = [ref.new_empty((slots, self.Hk, 0, self.D)) for _ in self.layers]
         self.values = [ref.new_empty((slots, self.Hk, 0, self.D)) for _ in self.layers]
         self.lengths = torch.zeros(slots, dtype=torch.long, device=ref.device)
         self.peak = 0  # the largest capacity this generation reached, in positions
         self.peak_bytes = 0  # and the largest storage, in bytes
+        self._pack(slots)
 
     def release(self) -> None:
         self.keys, self.values = [], []
+        self.linears, self.lm_head = [], None
 
     @property
     def capacity(self) -> int:
@@ -146,21 +184,22 @@ class LeanDecoder:
         x = self.body.embed_tokens(tokens)  # (n, L, H)
         cos, sin = self.body.rotary_emb(x, positions)  # (n, L, D) each
         cos, sin = cos[:, :, None], sin[:, :, None]  # (n, L, 1, D) against (n, L, heads, D)
-        for i, (norm1, w_qkv, b_qkv, w_o, b_o, norm2, w_gu, w_down) in enumerate(self.layers):
-            qkv = F.linear(self._norm(x, norm1), w_qkv, b_qkv).view(n, L, Hq + 2 * Hk, D)
+        for i, (layer, (qkv_proj, o_proj, gate_up, down)) in enumerate(zip(self.layers, self.linears)):
+            qkv = qkv_proj(self._norm(x, layer.norm1)).view(n, L, Hq + 2 * Hk, D)
             qk = qkv[:, :, : Hq + Hk]  # q and k heads are adjacent: one rotation serves both
             qk = qk * cos + _rotate_half(qk) * sin  # (n, L, Hq + Hk, D)
             q, k = qk.transpose(1, 2).split([Hq, Hk], dim=1)  # (n, Hq, L, D), (n, Hk, L, D)
             v = qkv[:, :, Hq + Hk :].transpose(1, 2)  # (n, Hk, L, D)
             store(i, k, v)
             att = attend(i, q, k, v)  # (n, Hq, L, D)
-            x = x + F.linear(att.transpose(1, 2).reshape(n, L, Hq * D), w_o, b_o)
-            gate, up = F.linear(self._norm(x, norm2), w_gu).chunk(2, dim=-1)
-            x = x + F.linear(F.silu(gate) * up, w_down)
+            x = x + o_proj(att.transpose(1, 2).reshape(n, L, Hq * D))
+            gate, up = gate_up(self._norm(x, layer.norm2)).chunk(2, dim=-1)
+            x = x + down(F.silu(gate) * up)
         return x
 
     def _logits(self, x: Tensor) -> Tensor:
-        return self.head(self._norm(x, self.body.norm.weight))
+        assert self.lm_head is not None, "reset() packs the weights before any pass"
+        return self.lm_head(self._norm(x, self.body.norm.weight))
 
     @torch.no_grad()
     def prefill(self, slots: Tensor, prompts: list[list[int]], which: Tensor) -> Tensor:
