@@ -1,7 +1,8 @@
 """thinkrl vs TRL's GRPOTrainer at equal settings: step time, phases, tokens/s, peak memory, roofline.
 
     pip install -e ".[bench]"                 # adds trl
-    python bench/bench_trl.py                 # the issue's CPU setting; writes bench/RESULTS.md
+    python bench/bench_trl.py --lengths 64,256,1024   # both trainers at three lengths; writes bench/RESULTS.md
+    python bench/bench_trl.py                 # 16 x 64 tokens alone
     python bench/bench_trl.py --max-new-tokens 1024 --group 16 --prompts 1 --steps 1 --warmup 0 --rounds 1 --out bench/RESULTS-1024.md
     python bench/bench_trl.py --scaling --steps 1 --warmup 0 --out bench/RESULTS-scaling.md       # thinkrl only
     python bench/bench_trl.py --model random-qwen2.5-1.5b --max-new-tokens 512 --out bench/RESULTS-gpu-512.md    # GPU
@@ -33,6 +34,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+import lengths  # noqa: E402  (bench/lengths.py)
 import random_model  # noqa: E402  (bench/random_model.py)
 import roofline  # noqa: E402  (bench/roofline.py)
 
@@ -88,7 +90,7 @@ def run_thinkrl(a) -> dict:
         "log.rollouts_every=0",
         f"output_dir={out}",
         f"train.micro_batch_size={a.micro_batch}",
-        f"train.gradient_checkpointing={a.checkpointing}",
+        f"train.gradient_checkpointing={a.checkpointing}",  # auto (thinkrl's default) unless --checkpointing says otherwise
     ]
     if not a.variable_length:
         overrides.append(f"rollout.min_new_tokens={a.max_new_tokens}")
@@ -219,12 +221,15 @@ def main() -> None:
     p.add_argument("--group", type=int, default=8)
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--micro-batch", type=int, default=8, help="thinkrl train.micro_batch_size")
-    p.add_argument("--checkpointing", action="store_true", help="thinkrl train.gradient_checkpointing (TRL has it on by default)")
+    p.add_argument(
+        "--checkpointing", choices=["auto", "true", "false"], default="auto", help="thinkrl train.gradient_checkpointing (TRL has it on)"
+    )
     p.add_argument("--steps", type=int, default=3, help="timed steps per run")
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--rounds", type=int, default=2, help="alternations thinkrl, TRL")
     p.add_argument("--only", choices=["thinkrl", "trl"])
     p.add_argument("--variable-length", action="store_true", help="let completions stop at EOS")
+    p.add_argument("--lengths", help="comma-separated completion lengths, e.g. 64,256,1024: one table over all (lengths.py)")
     p.add_argument("--scaling", action="store_true", help="thinkrl only: completion length 64/256/1024 (G=8) and group 4/8/16 (T=256)")
     p.add_argument("--out", default=str(HERE / "RESULTS.md"))
     p.add_argument("--worker", choices=["thinkrl", "trl"], help=argparse.SUPPRESS)
@@ -238,6 +243,8 @@ def main() -> None:
 
     if a.scaling:
         return scaling(a)
+    if a.lengths:
+        return lengths.run(a, _worker, summarise)
     trainers = [a.only] if a.only else ["thinkrl", "trl"]
     runs: dict[str, list[dict]] = {t: [] for t in trainers}
     for r in range(a.rounds):

@@ -76,33 +76,40 @@ def test_chunked_logprobs_and_entropy_match_full_logits(tiny, monkeypatch, chunk
 
 
 def test_gradient_checkpointing_changes_memory_not_values(tiny_model_dir):
-    """Checkpointing turns transformers' KV cache off, so the shared-prompt forward is replaced by packed
-    [prompt | completion] rows; log-probs and gradients must not change."""
+    """Checkpointing replays each decoder layer of the completion pass on the same inputs (the shared prompt
+    cache is read, never appended to), so log-probs and gradients are the same to the bit, and a second
+    backward-producing pass on the same model is unaffected by the first (the layers are restored)."""
     from thinkrl.config import LoraConfig
-    from thinkrl.models import add_lora, enable_checkpointing
+    from thinkrl.models import add_lora
 
     prompts = [PROMPTS[0], PROMPTS[0], PROMPTS[1]]
     mask = torch.arange(5)[None, :] < torch.tensor([5, 3, 4])[:, None]  # (3, 5)
     completions = torch.where(mask, torch.randint(7, 100, (3, 5), generator=torch.Generator().manual_seed(0)), 0)
+    torch.manual_seed(0)
+    model = add_lora(AutoModelForCausalLM.from_pretrained(tiny_model_dir), LoraConfig(rank=4, alpha=8))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.1, generator=torch.Generator().manual_seed(len(name)))
+    model.train()
+    layers = model.get_base_model().model.layers
+    calls = []
+    layers[0].self_attn.register_forward_hook(lambda *_: calls.append(1))
     results = []
-    for checkpointing in (False, True):
-        torch.manual_seed(0)
-        model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
-        if checkpointing:
-            enable_checkpointing(model)
-        model = add_lora(model, LoraConfig(rank=4, alpha=8))
-        with torch.no_grad():
-            for name, p in model.named_parameters():
-                if "lora_B" in name:
-                    p.normal_(0, 0.1, generator=torch.Generator().manual_seed(len(name)))
-        model.train()
-        logp = token_logprobs(model, prompts, completions, mask, pad_id=0, temperature=0.8).logp
+    for checkpointing in (False, True, False):
+        model.zero_grad()
+        calls.clear()
+        logp = token_logprobs(model, prompts, completions, mask, pad_id=0, temperature=0.8, checkpoint=checkpointing).logp
         logp[mask].sum().backward()
         results.append((logp.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}))
-    (a, grads_a), (b, grads_b) = results
-    torch.testing.assert_close(b, a, atol=1e-5, rtol=0)
+        assert len(calls) == (3 if checkpointing else 2)  # prompt pass, completion pass (and its replay)
+        assert all("forward" not in layer.__dict__ for layer in layers)  # the class's forward again
+    (a, grads_a), (b, grads_b), (c, grads_c) = results
+    assert torch.equal(b, a) and torch.equal(c, a)
     for name, g in grads_a.items():
-        torch.testing.assert_close(grads_b[name], g, atol=1e-5, rtol=1e-4, msg=name)
+        assert g.abs().max() > 0, name
+        assert torch.equal(grads_b[name], g), name
+        assert torch.equal(grads_c[name], g), name
 
 
 def test_top_p_and_top_k_only_sample_inside_the_kept_set():

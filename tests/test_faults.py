@@ -259,7 +259,7 @@ def test_out_of_memory_names_the_memory_settings_and_saves_nothing_new(tiny_mode
     settings = [
         "train.micro_batch_size=3",
         "train.micro_batch_tokens=4096",
-        "train.gradient_checkpointing=false",
+        "train.gradient_checkpointing=auto",
         "rollout.batch_size=64",
         "rollout.max_new_tokens=8",
         "rollout.prompts_per_step=2",

@@ -184,25 +184,14 @@ def _first_sentence(e: Exception) -> str:
     return re.split(r"\.\s", str(e).strip().splitlines()[0], maxsplit=1)[0].rstrip(".")[:200]
 
 
-def load_policy(cfg: ModelConfig, device: torch.device, gradient_checkpointing: bool = False):
-    """Trainable policy (LoRA-wrapped unless lora.rank == 0) and its tokenizer."""
+def load_policy(cfg: ModelConfig, device: torch.device):
+    """Trainable policy (LoRA-wrapped unless lora.rank == 0) and its tokenizer. Activation checkpointing is
+    the training forward's own (thinkrl/learner/logprobs.py), not transformers' flag."""
     model, tok = load_base(cfg.name, resolve_dtype(cfg.dtype, device))
-    if gradient_checkpointing:
-        enable_checkpointing(model)
     if cfg.lora.rank > 0:
         model = add_lora(model, cfg.lora)
     model.config.use_cache = False  # the training forward never needs a KV cache
     return model.to(device), tok
-
-
-def enable_checkpointing(model) -> None:
-    """Activation checkpointing on every decoder layer; non-reentrant, so frozen embeddings (LoRA) need no
-    input gradients. transformers renamed the method in 5.x."""
-    kwargs = {"use_reentrant": False}
-    if hasattr(model, "activation_checkpointing_enable"):
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
-    else:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
 def parameter_counts(model) -> tuple[int, int]:

@@ -93,7 +93,7 @@ def prepare(cfg: Config, accelerator, run_dir: Path, ckpt: Path | None) -> Setup
     rewards = RewardSet(cfg.reward.functions)  # a reward function that cannot be imported or called fails here
     device = accelerator.device
     seed_step(cfg.train.seed, 0, device)
-    policy, tok = load_policy(cfg.model, device, cfg.train.gradient_checkpointing)
+    policy, tok = load_policy(cfg.model, device)
     trainable, total = parameter_counts(policy)
     console.print(f"model: {cfg.model.name} on {device}, {trainable:,} of {total:,} parameters trainable")
     method = get_method(cfg.method.name, **cfg.method.params)

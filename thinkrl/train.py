@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 from rich.markup import escape
 
-from thinkrl import distributed, setup
+from thinkrl import allocator, distributed, setup
 from thinkrl.config import Config
 from thinkrl.config.load import on_policy_note, resolve
 from thinkrl.errors import UserError
@@ -59,6 +59,7 @@ def seed_step(seed: int, step: int, device: torch.device, rank: int = 0) -> torc
 
 
 def train(cfg: Config, resume: bool = False, allow_changes: bool = False) -> Path:
+    allocator.tune()  # large CPU buffers go back to the system when freed (thinkrl/allocator.py)
     with contextlib.ExitStack() as held:  # the run directory's lock (thinkrl/run/lock.py), released however the run ends
         return _train(cfg, resume, held, allow_changes)
 

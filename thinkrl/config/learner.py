@@ -63,9 +63,11 @@ class TrainConfig:
     micro_batch_tokens: int = 4096
     """Cap on padded completion tokens per forward/backward pass (0 = none): long completions get fewer
     rows per micro-batch (memory only: the result does not depend on it)."""
-    gradient_checkpointing: bool = False
-    """Recompute each layer in the backward instead of keeping its activations: far less memory for long
-    completions, more update time (every layer runs forward twice and each completion recomputes its prompt)."""
+    gradient_checkpointing: bool | Literal["auto"] = "auto"
+    """Recompute each decoder layer in the backward instead of keeping its activations: far less memory for
+    long completions, about one more forward of update time. The same operations run on the same inputs, so
+    values and gradients do not change (to the bit). auto = for a micro-batch whose activations would exceed
+    1 GiB (thinkrl/learner/logprobs.py: activation_bytes)."""
     micro_batch_size: int = 8
     """Sequences per forward/backward pass (memory knob; does not change the result)."""
     mini_batches: int = 1

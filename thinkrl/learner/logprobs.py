@@ -10,12 +10,14 @@ forward (a differentiable KV cache), and the output head runs on generated posit
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator
 from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
+from thinkrl.errors import UserError
 from thinkrl.learner.head import FusedHead, head_logp, is_plain_head, tempered_logits
 from thinkrl.models import cache_kwarg, left_pad
 
@@ -35,14 +37,13 @@ def _body_and_head(model):
     return base.get_decoder(), base.get_output_embeddings(), base.config
 
 
-def _hidden(model, prompts: list[list[int]], completions: Tensor, mask: Tensor, pad_id: int):
+def _hidden(model, prompts: list[list[int]], completions: Tensor, mask: Tensor, pad_id: int, checkpoint: bool = False):
     """Hidden states (N, H) that predict each generated token (mask == 1, row-major), the targets (N,),
-    and the output head and config."""
+    and the output head and config. With `checkpoint` (under autograd) the completion pass keeps only each
+    decoder layer's input and recomputes the layer in the backward."""
     from transformers import DynamicCache
 
     body, head, config = _body_and_head(model)
-    if getattr(body, "gradient_checkpointing", False) and body.training and torch.is_grad_enabled():
-        return _hidden_packed(body, prompts, completions, mask, pad_id), completions[mask], head, config
     # Completions of one group share their prompt: run each distinct prompt once, with grad, and let every
     # completion attend to its (differentiable) key/value cache. Identical values and gradients to packing
     # [prompt | completion] per row, at a fraction of the cost when G completions share a prompt.
@@ -52,29 +53,75 @@ def _hidden(model, prompts: list[list[int]], completions: Tensor, mask: Tensor, 
     cache = DynamicCache()
     kv = {cache_kwarg(body): cache, "use_cache": True}
     h_prompt = body(input_ids=p_ids, attention_mask=p_attn, position_ids=p_pos, **kv).last_hidden_state[:, -1]  # (U, H)
-    if len(slot) < len(prompts):
-        # index_select, not cache.batch_select_indices: the backward of advanced indexing with repeated
-        # indices accumulates in a thread-dependent order on CPU, which made runs irreproducible
-        for layer in cache.layers:
+    for layer in cache.layers:
+        if len(slot) < len(prompts):
+            # index_select, not cache.batch_select_indices: the backward of advanced indexing with repeated
+            # indices accumulates in a thread-dependent order on CPU, which made runs irreproducible
             layer.keys, layer.values = layer.keys.index_select(0, which), layer.values.index_select(0, which)
+        # the completion pass reads the prompt's keys and values without appending its own: the same
+        # concatenation a cache makes, but a layer replayed by checkpointing sees the same cache again
+        layer.update = functools.partial(_read_only_update, layer)
     B, T = completions.shape
     attn = torch.cat([p_attn[which], torch.ones((B, T), dtype=torch.long, device=completions.device)], dim=1)  # (B, Lp + T)
     pos = p_pos[which, -1:] + 1 + torch.arange(T, device=completions.device)  # (B, T)
-    h_comp = body(input_ids=completions, attention_mask=attn, position_ids=pos, **kv).last_hidden_state  # (B, T, H)
+    replay = checkpoint and torch.is_grad_enabled()
+    with _checkpointed(_decoder_layers(body, config)) if replay else contextlib.nullcontext():
+        h_comp = body(input_ids=completions, attention_mask=attn, position_ids=pos, **kv).last_hidden_state  # (B, T, H)
     # the state before each generated token predicts it: last prompt state, then completion states 0..T-2
     h = torch.cat([h_prompt.index_select(0, which)[:, None], h_comp[:, :-1]], dim=1)[mask]  # (N, H)
     return h, completions[mask], head, config
 
 
-def _hidden_packed(body, prompts: list[list[int]], completions: Tensor, mask: Tensor, pad_id: int) -> Tensor:
-    """_hidden for gradient checkpointing, which turns the KV cache off (a replayed layer would write it
-    twice): one [left-padded prompt | completion] sequence per row, no cache. Same values, more compute."""
-    p_ids, p_attn, _ = left_pad(prompts, pad_id, completions.device)  # (B, Lp)
-    Lp, T = p_ids.shape[1], completions.shape[1]
-    attn = torch.cat([p_attn, torch.ones_like(completions)], dim=1)  # (B, Lp + T)
-    pos = (attn.cumsum(-1) - 1).clamp(min=0)
-    h = body(input_ids=torch.cat([p_ids, completions], dim=1), attention_mask=attn, position_ids=pos, use_cache=False).last_hidden_state
-    return h[:, Lp - 1 : Lp - 1 + T][mask]  # (N, H): the state before each generated token
+def _read_only_update(layer, keys: Tensor, values: Tensor, *_args, **_kwargs) -> tuple[Tensor, Tensor]:
+    """A cache layer's update that returns [cached | new] keys and values without storing them."""
+    return torch.cat([layer.keys, keys], dim=-2), torch.cat([layer.values, values], dim=-2)
+
+
+def _decoder_layers(body, config) -> torch.nn.ModuleList:
+    """The body's list of decoder layers (`layers` in Llama, Qwen and most models; else the module list
+    with one entry per hidden layer)."""
+    if isinstance(getattr(body, "layers", None), torch.nn.ModuleList):
+        return body.layers
+    for m in body.children():
+        if isinstance(m, torch.nn.ModuleList) and len(m) == config.num_hidden_layers:
+            return m
+    raise UserError(
+        f"cannot find the decoder layers of {type(body).__name__} to checkpoint; set train.gradient_checkpointing=false "
+        "(and lower train.micro_batch_tokens if memory runs out)"
+    )
+
+
+@contextlib.contextmanager
+def _checkpointed(layers: torch.nn.ModuleList) -> Iterator[None]:
+    """Inside the block each decoder layer runs under torch.utils.checkpoint (non-reentrant): its
+    activations are dropped after the forward and recomputed, by the same operations on the same inputs,
+    in the backward. Memory per layer is its input alone; values and gradients do not change."""
+    from torch.utils.checkpoint import checkpoint as replay
+
+    def replayed(layer):
+        forward = type(layer).forward
+
+        def run(*args, **kwargs):
+            return replay(functools.partial(forward, layer, **kwargs), *args, use_reentrant=False)
+
+        return run
+
+    for layer in layers:
+        layer.forward = replayed(layer)
+    try:
+        yield
+    finally:
+        for layer in layers:
+            del layer.forward  # the class's own forward again
+
+
+def activation_bytes(config, tokens: int, element_size: int = 4) -> int:
+    """Rough size of what the backward keeps of `tokens` completion tokens without checkpointing: per layer
+    and token about 10 hidden-size and 5 intermediate-size vectors (norms, q/k/v, attention output,
+    residuals, gate/up and their products, LoRA's low-rank activations)."""
+    H = config.hidden_size
+    inner = getattr(config, "intermediate_size", None) or 4 * H
+    return tokens * config.num_hidden_layers * (10 * H + 5 * inner) * element_size
 
 
 def token_logprobs(
@@ -86,11 +133,13 @@ def token_logprobs(
     temperature: float,
     entropy: bool = False,
     topk_ids: Tensor | None = None,
+    checkpoint: bool = False,
 ) -> LogProbs:
     """log pi(y_t) (B, T) of `completions` after their `prompts`, under softmax(logits / temperature); with
     `entropy` its entropy (B, T), with topk_ids (B, T, K) log pi at those ids (B, T, K). The head runs only on
-    generated positions (mask == 1), in chunks; under autograd each chunk is checkpointed or uses FusedHead."""
-    h, y, head, config = _hidden(model, prompts, completions, mask, pad_id)
+    generated positions (mask == 1), in chunks; under autograd each chunk is checkpointed or uses FusedHead.
+    `checkpoint` recomputes each decoder layer in the backward (less memory, same values)."""
+    h, y, head, config = _hidden(model, prompts, completions, mask, pad_id, checkpoint)
     ids = topk_ids[mask] if topk_ids is not None else None  # (N, K)
     rows = max(1, CHUNK_ELEMS // head.weight.shape[0])
     parts: list[tuple[Tensor, Tensor, Tensor]] = []
@@ -102,9 +151,9 @@ def token_logprobs(
             continue
         args = (head, config, h[s : s + rows], y[s : s + rows], temperature, entropy, ids[s : s + rows] if ids is not None else None)
         if torch.is_grad_enabled() and h.shape[0] > rows:
-            from torch.utils.checkpoint import checkpoint
+            from torch.utils.checkpoint import checkpoint as replay
 
-            parts.append(checkpoint(head_logp, *args, use_reentrant=False))
+            parts.append(replay(head_logp, *args, use_reentrant=False))
         else:
             parts.append(head_logp(*args))
     lp, ent, topk = (torch.cat(x) for x in zip(*parts)) if parts else (h.new_zeros(0), h.new_zeros(0), h.new_zeros((0, 0)))
@@ -132,7 +181,7 @@ def visit_distributions(
 
 @contextlib.contextmanager
 def dropout_off(model) -> Iterator[None]:
-    """Dropout off in `model` for the block, train mode otherwise kept (gradient checkpointing needs it): every
+    """Dropout off in `model` for the block, train mode otherwise kept: every
     dropout module (LoRA's lora_dropout included) and every attention module with a functional
     `attention_dropout` (transformers applies it only when the module is training). The update phase runs all
     its passes in here so that pi_old, the reference and the training forward are one policy
@@ -167,5 +216,7 @@ class PolicyLogProbs(torch.nn.Module):
         super().__init__()
         self.policy = policy
 
-    def forward(self, prompts, completions, mask, pad_id: int, temperature: float, entropy: bool = False, topk_ids=None) -> LogProbs:
-        return token_logprobs(self.policy, prompts, completions, mask, pad_id, temperature, entropy, topk_ids)
+    def forward(
+        self, prompts, completions, mask, pad_id: int, temperature: float, entropy: bool = False, topk_ids=None, checkpoint: bool = False
+    ) -> LogProbs:
+        return token_logprobs(self.policy, prompts, completions, mask, pad_id, temperature, entropy, topk_ids, checkpoint)

@@ -13,7 +13,11 @@ noise: with dropout in the training forward alone the first mini-batch's ratio i
 (and so the clip) carry the noise of two independent masks. Like the sampler (eval mode), pi_theta, pi_old
 and the reference are then deterministic functions of their weights; the price is that model.lora.dropout
 has no effect on RL updates (TRL's `disable_dropout` option makes the same trade).
-Train mode stays for what else it switches: gradient checkpointing.
+Train mode stays for whatever else a model's own code ties to it.
+
+Memory: a training pass whose activations would pass ACTIVATION_BUDGET recomputes its decoder layers in the
+backward (train.gradient_checkpointing=auto; logprobs.py), which changes no number. On CPU the frozen LoRA
+base is packed for oneDNN for the phase (thinkrl/packed.py).
 
 With several processes (thinkrl/distributed.py) "global" spans the ranks: counts are summed over them, the
 loss is scaled by the world size (DDP averages gradients), every rank runs exactly one gradient-synchronising
@@ -46,10 +50,14 @@ from thinkrl.batch import TokenBatch
 from thinkrl.config import Config
 from thinkrl.learner import correction, method_calls
 from thinkrl.learner.batching import RolloutBatch, mini_batch_rows, update_passes
-from thinkrl.learner.logprobs import LogProbs, dropout_off
+from thinkrl.learner.logprobs import LogProbs, activation_bytes, dropout_off
 from thinkrl.learner.old_policy import OldPolicy, old_policy, policy_pass
 from thinkrl.methods import Method
 from thinkrl.ops import masked_mean
+from thinkrl.packed import packed_frozen_linears
+
+ACTIVATION_BUDGET = 2**30  # bytes of activations one pass may keep before auto checkpointing recomputes them
+PACK_ROWS = 512  # oneDNN's blocking hint for the frozen weights: tokens per training pass, roughly
 
 
 @dataclass
@@ -91,7 +99,7 @@ def update(ctx: UpdateContext, rb: RolloutBatch, generator: torch.Generator) -> 
     """Every optimizer step of one training step on rollout batch rb; returns the step's update metrics."""
     tc, method = ctx.cfg.train, ctx.method
     ctx.model.train()  # before the pi_old pass too: one mode for every pass (module docstring)
-    with dropout_off(ctx.model):
+    with dropout_off(ctx.model), packed_frozen_linears(ctx.policy, PACK_ROWS):
         old = old_policy(ctx.policy, rb, method, ctx.cfg, ctx.pad_id)  # nothing unless the update needs pi_old first
         ref_logp = None
         if "ref_logp" in method.requires and ctx.ref_model is not None:
@@ -162,8 +170,20 @@ def _forward(ctx: UpdateContext, rb: RolloutBatch, rows: Tensor, topk_ids: Tenso
     T = int(rb.comp.lengths[rows].max())
     prompts = [rb.prompt_ids[i] for i in rows.tolist()]
     ids = topk_ids[rows, :T] if topk_ids is not None else None
-    out = ctx.model(prompts, rb.comp.tokens[rows, :T], rb.comp.mask[rows, :T], ctx.pad_id, ctx.cfg.rollout.temperature, True, ids)
+    replay = _checkpointing(ctx, len(rows) * T)
+    out = ctx.model(prompts, rb.comp.tokens[rows, :T], rb.comp.mask[rows, :T], ctx.pad_id, ctx.cfg.rollout.temperature, True, ids, replay)
     return out, T
+
+
+def _checkpointing(ctx: UpdateContext, tokens: int) -> bool:
+    """Whether this pass recomputes its layers in the backward: train.gradient_checkpointing, or with auto,
+    when its activations would pass ACTIVATION_BUDGET. Either way the values are the same (logprobs.py)."""
+    setting = ctx.cfg.train.gradient_checkpointing
+    if setting != "auto":
+        return bool(setting)
+    policy = ctx.policy
+    size = next(policy.parameters()).element_size()
+    return activation_bytes(policy.config, tokens, size) > ACTIVATION_BUDGET
 
 
 def _micro_loss(ctx: UpdateContext, st: _Step, rows: Tensor, num_tokens: int, num_seqs: int):

@@ -1,0 +1,105 @@
+"""The memory defaults change memory only: the same run with checkpointing on, off or chosen automatically,
+and with or without the start-up allocator setting, writes the same metrics and weights, to the bit."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from test_cli_e2e import tiny_args
+from typer.testing import CliRunner
+
+from thinkrl import allocator
+from thinkrl.cli import app
+from thinkrl.learner import logprobs, update
+from thinkrl.run.jsonl import read_jsonl
+
+
+def _numbers(run_dir):
+    """Every metric but the clocks, and the final adapter weights."""
+    clock = lambda k: k.startswith(("time/", "tokens/s")) or k.endswith("tokens_per_s")  # noqa: E731
+    rows = [{k: v for k, v in r.items() if not clock(k)} for r in read_jsonl(run_dir / "metrics.jsonl")]
+    weights = load_file(str(next((run_dir / "checkpoints").glob("step-*")) / "adapter" / "adapter_model.safetensors"))
+    return rows, weights
+
+
+def _assert_same(a, b):
+    rows_a, w_a = a
+    rows_b, w_b = b
+    for ra, rb in zip(rows_a, rows_b, strict=True):  # floats compared exactly
+        assert ra == rb, {k: (v, rb.get(k)) for k, v in ra.items() if rb.get(k) != v}
+    assert w_a.keys() == w_b.keys()
+    for name, t in w_a.items():
+        assert torch.equal(t, w_b[name]), name
+
+
+def test_checkpointing_on_off_or_auto_gives_the_same_run(tiny_model_dir, tmp_path, monkeypatch):
+    replays = []
+    real = logprobs._checkpointed
+
+    def counted(layers):
+        replays.append(len(layers))
+        return real(layers)
+
+    monkeypatch.setattr(logprobs, "_checkpointed", counted)
+    monkeypatch.setattr(update, "ACTIVATION_BUDGET", 0)  # auto: every pass is "too large", so auto checkpoints
+    runs = {}
+    for setting in ("false", "true", "auto"):
+        replays.clear()
+        out = tmp_path / setting
+        extra = ["-o", f"train.gradient_checkpointing={setting}", "-o", "train.mini_batches=2"]
+        result = CliRunner().invoke(app, tiny_args(tiny_model_dir, out, 2, *extra), catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+        assert bool(replays) == (setting != "false")  # the training passes really recomputed their layers
+        runs[setting] = _numbers(out)
+    assert runs["false"][0][0]["grad_norm"] > 0
+    _assert_same(runs["false"], runs["true"])
+    _assert_same(runs["false"], runs["auto"])
+
+
+def test_auto_checkpointing_follows_the_pass_size():
+    """auto checkpoints a pass once its activations would pass the budget: by tokens, not by rows."""
+    from transformers import LlamaConfig
+
+    config = LlamaConfig(hidden_size=576, intermediate_size=1536, num_hidden_layers=30)
+    per_token = logprobs.activation_bytes(config, 1)
+    assert per_token == 30 * (10 * 576 + 5 * 1536) * 4
+    assert logprobs.activation_bytes(config, 1000, 2) == 1000 * per_token // 2
+    fits = update.ACTIVATION_BUDGET // per_token
+    assert fits * per_token <= update.ACTIVATION_BUDGET < (fits + 1) * per_token
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the allocator setting is glibc's")
+def test_allocator_setting_changes_no_number(tiny_model_dir, tmp_path):
+    """Two fresh processes, one with the start-up mallopt and one without: the same metrics and weights."""
+    code = (
+        "import sys; from thinkrl import allocator; from thinkrl.cli import app\n"
+        "if sys.argv[1] == 'off': allocator.tune = lambda: False\n"
+        "app(sys.argv[2:], standalone_mode=False)\n"
+        "print('TUNED', allocator._done)\n"
+    )
+    runs = {}
+    for mode in ("on", "off"):
+        out = tmp_path / mode
+        args = [str(a) for a in tiny_args(tiny_model_dir, out, 2)]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
+        proc = subprocess.run([sys.executable, "-c", code, mode, *args], capture_output=True, text=True, cwd=str(tmp_path), env=env)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        tuned = json.loads(proc.stdout.split("TUNED", 1)[1].strip().lower())
+        assert tuned == ([True] if mode == "on" else [])
+        runs[mode] = _numbers(out)
+    _assert_same(runs["on"], runs["off"])
+
+
+def test_allocator_tune_is_once_and_leaves_a_users_own_setting(monkeypatch):
+    monkeypatch.setattr(allocator, "_done", [])
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "65536")
+    assert allocator.tune() is False  # the user's environment wins
+    assert allocator.tune() is False  # decided once per process
+    monkeypatch.setattr(allocator, "_done", [])
+    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_")
+    assert allocator.tune() is sys.platform.startswith("linux")
