@@ -23,15 +23,16 @@ from torch import Tensor
 
 
 def can_pack(weight: Tensor) -> bool:
-    """True where oneDNN can pack this weight: a CPU float32/bfloat16 matrix, with the ops in this torch build."""
-    return (
-        weight.device.type == "cpu"
-        and weight.dim() == 2
-        and weight.dtype in (torch.float32, torch.bfloat16)
-        and torch.backends.mkldnn.is_available()
-        and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
-        and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-    )
+    """True where oneDNN can pack this weight: a CPU float32 matrix (bfloat16 only where the CPU computes in
+    it), with the ops in this torch build."""
+    ops = torch.ops.mkldnn
+    if not (weight.device.type == "cpu" and weight.dim() == 2 and torch.backends.mkldnn.is_available()):
+        return False
+    if not (hasattr(ops, "_reorder_linear_weight") and hasattr(ops, "_linear_pointwise")):
+        return False
+    if weight.dtype == torch.bfloat16:
+        return hasattr(ops, "_is_mkldnn_bf16_supported") and bool(ops._is_mkldnn_bf16_supported())
+    return weight.dtype == torch.float32
 
 
 class PackedLinear:
