@@ -8,6 +8,8 @@ of each length is computed from this machine's measured matmul peak and copy ban
 
 from __future__ import annotations
 
+import os
+import platform
 import sys
 import time
 from pathlib import Path
@@ -75,6 +77,7 @@ def write(a, lengths: list[int], trainers: list[str], results: dict) -> None:
         [
             "# thinkrl vs TRL GRPOTrainer by completion length",
             "",
+            f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; torch {torch.__version__}.",
             f"Command: `python bench/bench_trl.py {' '.join(sys.argv[1:])}` ({time.strftime('%Y-%m-%d')}); "
             f"{a.prompts} prompts x {a.group} completions per step, fixed-length completions, both trainers on their "
             "default memory settings.",

@@ -1,9 +1,9 @@
 """Linear layers whose weights are laid out once for oneDNN's CPU matmul ("packed"), for weights that stay
-fixed while they are used many times: a sampling copy over one generation call, a frozen LoRA base over one
-update phase.
+fixed while they are used many times: a sampling copy over one generation call, a frozen LoRA base over a
+whole run (packed at the first update phase, kept for the next ones).
 
 Why: torch's default CPU matmul for float32 goes through MKL's sgemm with the weight in its plain (out, in)
-layout. Measured on this project's 2-core AMD EPYC (bench/RESULTS.md names the machine), oneDNN with the
+layout. Measured on this project's machine (a 2-core AMD EPYC virtual machine, torch 2.13 CPU build), oneDNN with the
 weight reordered into its own blocked layout ran the decoder's matmuls 3.6x faster at 16 rows (a whole
 SmolLM2 decode step's matmuls: 129 ms -> 35 ms) and 1.2-1.5x faster at 640-2,048 rows, with float32 results
 that differ from F.linear's only by summation order (about 1e-6 relative). Reordering costs about one copy of
