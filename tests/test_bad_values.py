@@ -63,6 +63,7 @@ def refused(*overrides: str) -> str:
         ("method.beta=-.inf", r"method: beta must be >= 0"),
         ("train.lr=1" + "0" * 400, r"train.lr: 1000.*000 is too large for a number \(the largest is about 1.8e308\)"),
         ("train.steps=" + "9" * 5000, r"train.steps: expected int, got '999.*999' \(str\)"),
+        ("train.gradient_checkpointing=maybe", r"train.gradient_checkpointing: 'maybe' is not a valid bool or 'auto'"),
     ],
 )
 def test_a_bad_value_is_one_line_naming_key_value_and_range(override, message):

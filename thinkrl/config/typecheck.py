@@ -88,6 +88,11 @@ def coerce(value: Any, tp: Any, where: str) -> Any:
 
 
 def _name(tp: Any) -> str:
+    """How a type reads in an error: `bool`, `'auto'`, `bool or 'auto'`."""
+    if typing.get_origin(tp) in (Union, types.UnionType):
+        return " or ".join(_name(arg) for arg in typing.get_args(tp) if arg is not type(None))
+    if typing.get_origin(tp) is Literal:
+        return " or ".join(map(repr, typing.get_args(tp)))
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
 
