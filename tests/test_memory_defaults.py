@@ -61,16 +61,24 @@ def test_checkpointing_on_off_or_auto_gives_the_same_run(tiny_model_dir, tmp_pat
     _assert_same(runs["false"], runs["auto"])
 
 
-def test_auto_checkpointing_follows_the_pass_size():
-    """auto checkpoints a pass once its activations would pass the budget: by tokens, not by rows."""
-    from transformers import LlamaConfig
+def test_auto_checkpoints_a_pass_once_its_activations_pass_the_budget():
+    """auto decides per pass, by padded tokens; true and false are obeyed whatever the size."""
+    from types import SimpleNamespace
 
-    config = LlamaConfig(hidden_size=576, intermediate_size=1536, num_hidden_layers=30)
-    per_token = logprobs.activation_bytes(config, 1)
-    assert per_token == 30 * (10 * 576 + 5 * 1536) * 4
-    assert logprobs.activation_bytes(config, 1000, 2) == 1000 * per_token // 2
-    fits = update.ACTIVATION_BUDGET // per_token
-    assert fits * per_token <= update.ACTIVATION_BUDGET < (fits + 1) * per_token
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from thinkrl.config import Config
+
+    model = LlamaForCausalLM(LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, vocab_size=50))
+    fits = update.ACTIVATION_BUDGET // logprobs.activation_bytes(model.config, 1)  # float32: 4 bytes an element
+    for setting, small, large in (("auto", False, True), (True, True, True), (False, False, False)):
+        cfg = Config()
+        cfg.train.gradient_checkpointing = setting
+        ctx = SimpleNamespace(cfg=cfg, policy=model)
+        assert update._checkpointing(ctx, fits) is small, setting  # type: ignore[arg-type]
+        assert update._checkpointing(ctx, fits + 1) is large, setting  # type: ignore[arg-type]
+    half = logprobs.activation_bytes(model.config, 1000, element_size=2)
+    assert half * 2 == logprobs.activation_bytes(model.config, 1000)  # bfloat16 keeps half as many bytes
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the allocator setting is glibc's")

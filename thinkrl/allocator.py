@@ -5,8 +5,9 @@ Why: by default glibc raises its mmap threshold each time a large mmap'd block i
 after a few steps a training pass's activations (MBs each, freed in another order than they were allocated,
 with small long-lived tensors in between) come from the heap, which cannot shrink below its highest live
 block and keeps growing. Measured on this project's 2-core machine (SmolLM2-135M, update phase, 4 x 1,024
-completion tokens per pass, checkpointing on): peak RSS 5.2 GB with glibc's defaults, 3.7 GB at 4 MiB,
-3.1 GB at 128 KiB, the loss the same to the bit. The threshold is not lower because every mmap'd buffer
+completion tokens per pass, checkpointing on, and, in that measurement, packed copies of both W and W^T of
+the frozen base): peak RSS 5.2 GB with glibc's defaults, 3.7 GB at 4 MiB, 3.1 GB at 128 KiB, the loss the
+same to the bit. The threshold is not lower because every mmap'd buffer
 is zero-filled by the kernel page by page on first touch: at 128 KiB or 1 MiB the 64-token update phase,
 whose activations are 1-3 MB, took 11-12 s instead of 7. A user's own MALLOC_MMAP_THRESHOLD_ wins;
 elsewhere (not Linux, not glibc) this is a no-op.

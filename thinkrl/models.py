@@ -8,12 +8,14 @@ it once into an ordinary float32 checkpoint under $THINKRL_CACHE (default ~/.cac
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import re
 import shutil
 import tempfile
 import warnings
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -192,6 +194,24 @@ def load_policy(cfg: ModelConfig, device: torch.device):
         model = add_lora(model, cfg.lora)
     model.config.use_cache = False  # the training forward never needs a KV cache
     return model.to(device), tok
+
+
+@contextlib.contextmanager
+def forwards_replaced(replacements: dict[torch.nn.Module, Callable]) -> Iterator[None]:
+    """Each module's forward is the given callable inside the block, and afterwards exactly what it was before:
+    the class's own, or an instance-level forward a wrapper (Accelerate's hooks) had installed. The training
+    pass swaps forwards this way for checkpointing (learner/logprobs.py) and packed weights (packed.py)."""
+    before = {m: m.__dict__.get("forward") for m in replacements}
+    for m, forward in replacements.items():
+        m.forward = forward  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        for m, old in before.items():
+            if old is None:
+                del m.forward
+            else:
+                m.forward = old  # type: ignore[method-assign]
 
 
 def parameter_counts(model) -> tuple[int, int]:

@@ -21,6 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from thinkrl.models import forwards_replaced
+
 
 def can_pack(weight: Tensor) -> bool:
     """True where oneDNN can pack this weight: a CPU float32 matrix (bfloat16 only where the CPU computes in
@@ -104,13 +106,6 @@ def packed_frozen_linears(model: torch.nn.Module, rows: int) -> Iterator[int]:
     block (a frozen weight does not change: packing once per run, not once per step, saves ~0.2 s a step for
     SmolLM2 here) and made again if the weight was written since. Memory: one more copy of the frozen
     weights. Yields how many layers run packed (0 where nothing can be)."""
-    swapped = []
-    for m in model.modules():
-        if type(m) is torch.nn.Linear and not m.weight.requires_grad and can_pack(m.weight):
-            m.forward = _frozen_forward(_kept_packing(m, rows), m.weight.detach())  # type: ignore[method-assign]
-            swapped.append(m)
-    try:
-        yield len(swapped)
-    finally:
-        for m in swapped:
-            del m.forward  # the class's forward again
+    frozen = [m for m in model.modules() if type(m) is torch.nn.Linear and not m.weight.requires_grad and can_pack(m.weight)]
+    with forwards_replaced({m: _frozen_forward(_kept_packing(m, rows), m.weight.detach()) for m in frozen}):
+        yield len(frozen)

@@ -19,7 +19,7 @@ from torch import Tensor
 
 from thinkrl.errors import UserError
 from thinkrl.learner.head import FusedHead, head_logp, is_plain_head, tempered_logits
-from thinkrl.models import cache_kwarg, left_pad
+from thinkrl.models import cache_kwarg, forwards_replaced, left_pad
 
 CHUNK_ELEMS = 2**25  # logits elements per chunk (128 MB in float32): bounds memory for any B, T, V
 
@@ -91,28 +91,16 @@ def _decoder_layers(body, config) -> torch.nn.ModuleList:
     )
 
 
-@contextlib.contextmanager
-def _checkpointed(layers: torch.nn.ModuleList) -> Iterator[None]:
-    """Inside the block each decoder layer runs under torch.utils.checkpoint (non-reentrant): its
+def _checkpointed(layers: torch.nn.ModuleList):
+    """A block inside which each decoder layer runs under torch.utils.checkpoint (non-reentrant): its
     activations are dropped after the forward and recomputed, by the same operations on the same inputs,
     in the backward. Memory per layer is its input alone; values and gradients do not change."""
     from torch.utils.checkpoint import checkpoint as replay
 
-    def replayed(layer):
-        forward = type(layer).forward
+    def replayed(forward):
+        return lambda *args, **kwargs: replay(functools.partial(forward, **kwargs), *args, use_reentrant=False)
 
-        def run(*args, **kwargs):
-            return replay(functools.partial(forward, layer, **kwargs), *args, use_reentrant=False)
-
-        return run
-
-    for layer in layers:
-        layer.forward = replayed(layer)
-    try:
-        yield
-    finally:
-        for layer in layers:
-            del layer.forward  # the class's own forward again
+    return forwards_replaced({layer: replayed(layer.forward) for layer in layers})
 
 
 def activation_bytes(config, tokens: int, element_size: int = 4) -> int:
