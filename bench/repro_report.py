@@ -5,18 +5,19 @@ Statistics: per arm the mean over seeds with a 95% t-interval (n - 1 df); per co
 method - baseline with a 95% Welch interval. Verdict: "reproduced" when that interval excludes 0 in the
 claimed direction, "not reproduced" when it excludes 0 in the other, "inconclusive" otherwise, and
 "pending, k of 3 seeds" until both arms have 3 seeds. scipy is not a dependency, so the t quantile is
-computed here (regularised incomplete beta, bisection).
+computed in repro_stats.py (regularised incomplete beta, bisection).
 """
 
 from __future__ import annotations
 
 import json
-import math
 import re
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+from repro_stats import mean_ci, welch
 
 SEEDS_NEEDED = 3
 SPIKE = 5.0  # a step's grad_norm above SPIKE x its run's median grad_norm counts as exploding
@@ -136,59 +137,7 @@ METRICS: dict[str, tuple[str, int, bool, Callable[[dict], float | None]]] = {
 }
 
 
-# ---------------------------------------------------------------- statistics
-
-
-def _betainc(a: float, b: float, x: float) -> float:
-    """Regularised incomplete beta I_x(a, b) by Lentz's continued fraction (Numerical Recipes 6.4)."""
-    if x <= 0 or x >= 1:
-        return float(x >= 1)
-    if x > (a + 1) / (a + b + 2):  # the fraction converges fast only below this point
-        return 1 - _betainc(b, a, 1 - x)
-    tiny = 1e-300
-    c, d = 1.0, 1 - (a + b) * x / (a + 1)
-    d = 1 / (d if abs(d) > tiny else tiny)
-    h = d
-    for m in range(1, 500):
-        for aa in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)), -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
-            d = 1 + aa * d
-            d = 1 / (d if abs(d) > tiny else tiny)
-            c = 1 + aa / c
-            c = c if abs(c) > tiny else tiny
-            h *= d * c
-        if abs(d * c - 1) < 1e-14:
-            break
-    return math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log(1 - x)) * h / a
-
-
-def t_quantile(p: float, df: float) -> float:
-    """The p quantile (p > 0.5) of Student's t with df degrees of freedom (df may be fractional: Welch)."""
-    lo, hi = 0.0, 1e6
-    for _ in range(200):
-        mid = (lo + hi) / 2
-        if 1 - 0.5 * _betainc(df / 2, 0.5, df / (df + mid * mid)) < p:
-            lo = mid
-        else:
-            hi = mid
-    return (lo + hi) / 2
-
-
-def mean_ci(xs: list[float]) -> tuple[float, float | None]:
-    """(mean, half-width of the 95% t-interval); None with fewer than 2 values."""
-    m = statistics.fmean(xs)
-    return m, (t_quantile(0.975, len(xs) - 1) * statistics.stdev(xs) / math.sqrt(len(xs)) if len(xs) > 1 else None)
-
-
-def welch(a: list[float], b: list[float]) -> tuple[float, float | None]:
-    """(mean(a) - mean(b), half-width of its 95% Welch interval); None unless both have 2 values or more."""
-    diff = statistics.fmean(a) - statistics.fmean(b)
-    if len(a) < 2 or len(b) < 2:
-        return diff, None
-    va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
-    if va + vb == 0:
-        return diff, 0.0
-    df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
-    return diff, t_quantile(0.975, df) * math.sqrt(va + vb)
+# ---------------------------------------------------------------- verdicts (the intervals: repro_stats.py)
 
 
 def verdict(diff: float, half: float | None, direction: int, n: int) -> str:

@@ -14,6 +14,7 @@ BENCH = Path(__file__).resolve().parent.parent / "bench"
 sys.path.insert(0, str(BENCH))
 
 import repro_report as rr  # noqa: E402
+import repro_stats as rs  # noqa: E402
 import reproduce  # noqa: E402
 
 
@@ -76,10 +77,10 @@ def test_verdicts_win_loss_overlap_pending_and_not_run(tmp_path):
 
 
 def test_intervals_and_direction():
-    m, half = rr.mean_ci([1.0, 2.0, 3.0])
+    m, half = rs.mean_ci([1.0, 2.0, 3.0])
     assert m == 2.0 and half == pytest.approx(4.302653 / 3**0.5, rel=1e-5)  # t(0.975, 2) = 4.3027
-    assert rr.t_quantile(0.975, 1) == pytest.approx(12.7062, rel=1e-4) and rr.t_quantile(0.975, 30) == pytest.approx(2.0423, rel=1e-4)
-    d, dh = rr.welch([1.0, 2.0, 3.0], [1.0, 2.0, 3.0])
+    assert rs.t_quantile(0.975, 1) == pytest.approx(12.7062, rel=1e-4) and rs.t_quantile(0.975, 30) == pytest.approx(2.0423, rel=1e-4)
+    d, dh = rs.welch([1.0, 2.0, 3.0], [1.0, 2.0, 3.0])
     assert d == 0 and rr.verdict(d, dh, +1, 3) == "inconclusive"
     assert rr.verdict(-0.5, 0.1, -1, 3) == "reproduced"  # lower is the claim (exploding steps, variability)
     assert rr.verdict(0.5, 0.1, 0, 3) == "descriptive"
