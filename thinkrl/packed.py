@@ -71,7 +71,7 @@ class _FrozenLinear(torch.autograd.Function):
         return grad @ ctx.weight, None, None
 
 
-def _kept_packing(m: torch.nn.Linear, rows: int) -> PackedLinear:
+def kept_packing(m: torch.nn.Linear, rows: int) -> PackedLinear:
     """m's packed weight, made again only when the weight tensor was replaced or written in place."""
     stamp = (m.weight.data_ptr(), m.weight._version, None if m.bias is None else (m.bias.data_ptr(), m.bias._version))
     kept = m.__dict__.get("_thinkrl_packed")
@@ -107,5 +107,5 @@ def packed_frozen_linears(model: torch.nn.Module, rows: int) -> Iterator[int]:
     SmolLM2 here) and made again if the weight was written since. Memory: one more copy of the frozen
     weights. Yields how many layers run packed (0 where nothing can be)."""
     frozen = [m for m in model.modules() if type(m) is torch.nn.Linear and not m.weight.requires_grad and can_pack(m.weight)]
-    with forwards_replaced({m: _frozen_forward(_kept_packing(m, rows), m.weight.detach()) for m in frozen}):
+    with forwards_replaced({m: _frozen_forward(kept_packing(m, rows), m.weight.detach()) for m in frozen}):
         yield len(frozen)

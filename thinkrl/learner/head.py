@@ -47,11 +47,12 @@ class FusedHead(torch.autograd.Function):
     d log pi(y) / d logits = (onehot(y) - p) / T. Autograd through logsumexp + gather spends about twice as
     many full-vocabulary passes (the profile's largest non-matmul cost in a training step). keep=True saves p
     (N, V) for the backward; keep=False saves only h and log Z and recomputes p, which bounds memory when a
-    micro-batch is cut into several chunks."""
+    micro-batch is cut into several chunks. The logits come from `head` (a bias-free Linear over `weight`)
+    when given: in the update phase its forward runs through the packed frozen weight (thinkrl/packed.py)."""
 
     @staticmethod
-    def forward(ctx, hidden: Tensor, weight: Tensor, targets: Tensor, temperature: float, keep: bool):
-        logits = (hidden @ weight.t()).float()  # (N, V)
+    def forward(ctx, hidden: Tensor, weight: Tensor, targets: Tensor, temperature: float, keep: bool, head=None):
+        logits = _logits(head, hidden, weight)  # (N, V)
         if temperature != 1.0:
             logits.div_(temperature)
         logz = torch.logsumexp(logits, -1)  # (N,)
@@ -59,7 +60,7 @@ class FusedHead(torch.autograd.Function):
         p = logp_all.exp()  # (N, V)
         entropy = -_row_dot(p, logp_all)  # (N,)
         logp = logp_all.gather(-1, targets[:, None]).squeeze(-1)  # (N,)
-        ctx.temperature, ctx.keep = temperature, keep
+        ctx.temperature, ctx.keep, ctx.head = temperature, keep, head
         ctx.save_for_backward(hidden, weight, targets, p if keep else logz)
         ctx.mark_non_differentiable(entropy)
         return logp, entropy
@@ -71,7 +72,7 @@ class FusedHead(torch.autograd.Function):
         if ctx.keep:
             p = saved
         else:  # recompute p from h and log Z
-            p = (hidden @ weight.t()).float()
+            p = _logits(ctx.head, hidden, weight)
             if T != 1.0:
                 p.div_(T)
             p = p.sub_(saved[:, None]).exp_()
@@ -81,7 +82,12 @@ class FusedHead(torch.autograd.Function):
         grad_logits = grad_logits.to(hidden.dtype)
         grad_h = grad_logits @ weight if ctx.needs_input_grad[0] else None  # (N, H)
         grad_w = grad_logits.t() @ hidden if ctx.needs_input_grad[1] else None  # (V, H)
-        return grad_h, grad_w, None, None, None
+        return grad_h, grad_w, None, None, None, None
+
+
+def _logits(head, hidden: Tensor, weight: Tensor) -> Tensor:
+    """float32 logits (N, V) of N hidden states."""
+    return (head(hidden) if head is not None else hidden @ weight.t()).float()
 
 
 def is_plain_head(head, config) -> bool:

@@ -134,7 +134,7 @@ def token_logprobs(
     fused = ids is None and is_plain_head(head, config)
     for s in range(0, h.shape[0], rows):
         if fused:  # one chunk: keep p for the backward; several: recompute it, as checkpointing would
-            lp, ent = FusedHead.apply(h[s : s + rows], head.weight, y[s : s + rows], temperature, h.shape[0] <= rows)
+            lp, ent = FusedHead.apply(h[s : s + rows], head.weight, y[s : s + rows], temperature, h.shape[0] <= rows, head)
             parts.append((lp, ent, lp.new_zeros((len(lp), 0))))
             continue
         args = (head, config, h[s : s + rows], y[s : s + rows], temperature, entropy, ids[s : s + rows] if ids is not None else None)

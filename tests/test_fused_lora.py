@@ -1,0 +1,143 @@
+"""Fused LoRA layers (thinkrl/fused_lora.py): peft's values and gradients in one operation per layer, peft's own
+forward wherever the fusion does not apply, and the layers as they were after the block."""
+
+import pytest
+import torch
+from peft import LoraConfig, get_peft_model
+
+import thinkrl.fused_lora as fused
+from thinkrl.fused_lora import fused_lora_layers
+from thinkrl.packed import can_pack
+
+
+def _model(dropout: float = 0.0, **lora):
+    torch.manual_seed(0)
+    base = torch.nn.Sequential(torch.nn.Linear(32, 48), torch.nn.SiLU(), torch.nn.Linear(48, 16, bias=False))
+    model = get_peft_model(base, LoraConfig(r=4, lora_alpha=12, target_modules=["0", "2"], lora_dropout=dropout, **lora))
+    for name, p in model.named_parameters():
+        if "lora_B" in name:  # peft starts B at zero, which would hide any mistake in the low-rank term
+            torch.nn.init.normal_(p)
+    return model
+
+
+def _run(model, x, block=None):
+    """Output, input gradient and trainable-parameter gradients of sum(y^2), inside `block` if given."""
+    model.zero_grad()
+    x = x.detach().requires_grad_(True)
+    with block if block is not None else torch.enable_grad():
+        y = model(x)
+        y.square().sum().backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
+    return y.detach(), x.grad.clone(), grads
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """How many times the fused operation ran."""
+    seen = []
+    forward = fused._LoRALinear.forward
+    monkeypatch.setattr(fused._LoRALinear, "forward", staticmethod(lambda *a: (seen.append(1), forward(*a))[1]))
+    return seen
+
+
+@pytest.mark.skipif(not can_pack(torch.zeros(2, 2)), reason="oneDNN cannot pack float32 weights in this torch build")
+def test_fused_layers_give_peft_values_and_gradients(calls):
+    model = _model()
+    x = torch.randn(3, 5, 32)  # (B, T, in): the fused op flattens and restores the leading dims
+    plain = _run(model, x)
+    with fused_lora_layers(model, rows=8) as n:
+        got = _run(model, x)
+    assert n == 2 and len(calls) == 2
+    torch.testing.assert_close(got[0], plain[0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got[1], plain[1], rtol=1e-5, atol=1e-5)
+    assert got[2].keys() == plain[2].keys() and len(plain[2]) == 4  # A and B of both layers
+    for name in plain[2]:
+        torch.testing.assert_close(got[2][name], plain[2][name], rtol=1e-4, atol=1e-4)  # float32 sums in another order
+    for m in model.modules():  # after the block, every layer has its own forward again
+        assert "forward" not in m.__dict__
+
+
+@pytest.mark.skipif(not can_pack(torch.zeros(2, 2)), reason="oneDNN cannot pack float32 weights in this torch build")
+def test_no_input_gradient_is_computed_where_the_input_needs_none():
+    model = _model()
+    x = torch.randn(4, 32)  # not requiring grad, like the first layer's input under frozen embeddings
+    with fused_lora_layers(model, rows=8):
+        model(x).sum().backward()
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+
+
+@pytest.mark.skipif(not can_pack(torch.zeros(2, 2)), reason="oneDNN cannot pack float32 weights in this torch build")
+def test_calls_the_fusion_does_not_cover_run_peft_forward(calls):
+    x = torch.randn(4, 32)
+    model = _model()
+    with fused_lora_layers(model, rows=8), model.disable_adapter():  # the reference pass: base weights only
+        y = model(x)
+    assert not calls
+    base = model.base_model.model
+    torch.testing.assert_close(y, base[2].base_layer(torch.nn.functional.silu(base[0].base_layer(x))))
+
+    with fused_lora_layers(model, rows=8), torch.autocast("cpu", dtype=torch.bfloat16):
+        assert model(x).dtype == torch.bfloat16  # autocast's precision, as peft gives it
+    assert not calls
+
+    noisy = _model(dropout=0.5)  # dropout active (train mode): peft draws the mask
+    noisy.train()
+    with fused_lora_layers(noisy, rows=8):
+        noisy(x)
+    assert not calls
+    noisy.eval()  # dropout inactive: fused again
+    with fused_lora_layers(noisy, rows=8):
+        noisy(x)
+    assert len(calls) == 2
+
+
+def test_layers_oneDNN_cannot_pack_are_left_to_peft(calls):
+    model = _model().double()  # float64: no packed base, so no fusion
+    with fused_lora_layers(model, rows=8) as n:
+        model(torch.randn(4, 32, dtype=torch.float64))
+    assert n == 0 and not calls
+
+
+@pytest.mark.skipif(not can_pack(torch.zeros(2, 2)), reason="oneDNN cannot pack float32 weights in this torch build")
+@pytest.mark.parametrize("chunk_elems", [2**25, 3 * 105])  # the head in one chunk, and in chunks of 3 rows (p recomputed)
+def test_the_update_phase_blocks_give_the_plain_log_probs_and_gradients(tiny_model_dir, monkeypatch, chunk_elems):
+    """A LoRA model's completion pass inside the update phase's blocks (packed frozen base and head, fused
+    LoRA layers) against the same pass without them: the same log-probs, entropies and adapter gradients up to
+    float32 summation order; and the head's logits did come from its packed copy."""
+    from transformers import AutoModelForCausalLM
+
+    import thinkrl.learner.logprobs as logprobs
+    from thinkrl.config import LoraConfig
+    from thinkrl.learner.logprobs import token_logprobs
+    from thinkrl.models import add_lora
+    from thinkrl.packed import packed_frozen_linears
+
+    monkeypatch.setattr(logprobs, "CHUNK_ELEMS", chunk_elems)
+    torch.manual_seed(0)
+    model = add_lora(AutoModelForCausalLM.from_pretrained(tiny_model_dir), LoraConfig(rank=4, alpha=8))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.1, generator=torch.Generator().manual_seed(len(name)))
+    head = model.get_output_embeddings()
+    assert not head.weight.requires_grad
+    prompts = [[4, 65, 24, 17, 36], [4, 65, 24, 17, 36], [4, 70, 71, 72, 5]]
+    mask = torch.arange(6)[None, :] < torch.tensor([6, 3, 5])[:, None]  # (3, 6)
+    completions = torch.where(mask, torch.randint(7, 100, (3, 6), generator=torch.Generator().manual_seed(1)), 0)
+
+    def run():
+        model.zero_grad()
+        out = token_logprobs(model, prompts, completions, mask, pad_id=0, temperature=0.7, entropy=True)
+        (out.logp * torch.linspace(-1, 1, 6)).sum().backward()
+        return out.logp.detach(), out.entropy, {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
+
+    plain = run()
+    head_calls = []
+    with packed_frozen_linears(model, 8), fused_lora_layers(model, 8) as n:
+        head.register_forward_hook(lambda *_: head_calls.append(1))
+        got = run()
+    assert n > 0 and head_calls  # fused layers ran, and FusedHead took its logits from the (packed) head
+    torch.testing.assert_close(got[0], plain[0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got[1], plain[1], rtol=1e-5, atol=1e-5)
+    for name in plain[2]:
+        torch.testing.assert_close(got[2][name], plain[2][name], rtol=1e-4, atol=1e-5)
