@@ -43,10 +43,11 @@ of a 40-step miniature detect only large effects: "inconclusive" is the expected
 verdict here is about thinkrl's implementation at this scale, not about the paper.
 
 Run: `python bench/reproduce.py` (every row; `--claims ctpo,ais` for some), resumable and interruptible with Ctrl-C;
-the tables fill as result JSONs appear. Estimated from the demo's 7.1 s per step on an idle 2-core machine: a
-default-size run (ais, ict, grpo) about 5 min, the off-policy rows' runs (32 completions and 4 updates per step)
-about 10, stare's 60 dynamic-sampling steps about 10, thinking_seeds about 10 (a step takes twice as long), plus
-1-2 min per evaluation: about 8 hours for the 51 runs (sis's and drpo's grpo arm is one set of runs)."""
+the tables fill as result JSONs appear. Measured on an idle 2-core machine: an off-policy run (32 completions and
+4 updates per step; ctpo seed 0) 13 min of training and 47 s of evaluation; ict's steps take ~15 s (about 10 min
+a run) and thinking_seeds' ~15 s. Estimated from the demo's 7.1 s per step: a default-size run (ais, grpo) about
+5 min, stare's 60 dynamic-sampling steps about 10. About 10 hours for the 51 runs (sis's and drpo's grpo arm is
+one set of runs)."""
 
 
 @dataclass
