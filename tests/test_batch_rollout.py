@@ -79,18 +79,12 @@ def test_gradient_checkpointing_changes_memory_not_values(tiny_model_dir):
     """Checkpointing replays each decoder layer of the completion pass on the same inputs (the shared prompt
     cache is read, never appended to), so log-probs and gradients are the same to the bit, and a second
     backward-producing pass on the same model is unaffected by the first (the layers are restored)."""
-    from thinkrl.config import LoraConfig
-    from thinkrl.models import add_lora
+    from tiny import tiny_lora_model
 
     prompts = [PROMPTS[0], PROMPTS[0], PROMPTS[1]]
     mask = torch.arange(5)[None, :] < torch.tensor([5, 3, 4])[:, None]  # (3, 5)
     completions = torch.where(mask, torch.randint(7, 100, (3, 5), generator=torch.Generator().manual_seed(0)), 0)
-    torch.manual_seed(0)
-    model = add_lora(AutoModelForCausalLM.from_pretrained(tiny_model_dir), LoraConfig(rank=4, alpha=8))
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "lora_B" in name:
-                p.normal_(0, 0.1, generator=torch.Generator().manual_seed(len(name)))
+    model = tiny_lora_model(tiny_model_dir)
     model.train()
     layers = model.get_base_model().model.layers
     calls = []

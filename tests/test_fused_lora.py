@@ -104,21 +104,14 @@ def test_the_update_phase_blocks_give_the_plain_log_probs_and_gradients(tiny_mod
     """A LoRA model's completion pass inside the update phase's blocks (packed frozen base and head, fused
     LoRA layers) against the same pass without them: the same log-probs, entropies and adapter gradients up to
     float32 summation order; and the head's logits did come from its packed copy."""
-    from transformers import AutoModelForCausalLM
+    from tiny import tiny_lora_model
 
     import thinkrl.learner.logprobs as logprobs
-    from thinkrl.config import LoraConfig
     from thinkrl.learner.logprobs import token_logprobs
-    from thinkrl.models import add_lora
     from thinkrl.packed import packed_frozen_linears
 
     monkeypatch.setattr(logprobs, "CHUNK_ELEMS", chunk_elems)
-    torch.manual_seed(0)
-    model = add_lora(AutoModelForCausalLM.from_pretrained(tiny_model_dir), LoraConfig(rank=4, alpha=8))
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "lora_B" in name:
-                p.normal_(0, 0.1, generator=torch.Generator().manual_seed(len(name)))
+    model = tiny_lora_model(tiny_model_dir)
     head = model.get_output_embeddings()
     assert not head.weight.requires_grad
     prompts = [[4, 65, 24, 17, 36], [4, 65, 24, 17, 36], [4, 70, 71, 72, 5]]

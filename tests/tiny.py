@@ -60,3 +60,21 @@ def build_tiny_model(directory: str | Path, seed: int = 0, chat: bool = True, he
     model.save_pretrained(directory)
     tok.save_pretrained(directory)
     return directory
+
+
+def tiny_lora_model(directory: str | Path):
+    """The tiny model from `directory` with LoRA (rank 4) on every linear layer and B drawn non-zero (peft starts
+    it at zero, which would hide any mistake in the low-rank path); the same weights every call."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from thinkrl.config import LoraConfig
+    from thinkrl.models import add_lora
+
+    torch.manual_seed(0)
+    model = add_lora(AutoModelForCausalLM.from_pretrained(directory), LoraConfig(rank=4, alpha=8))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.1, generator=torch.Generator().manual_seed(len(name)))
+    return model
