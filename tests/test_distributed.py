@@ -22,9 +22,12 @@ def torchrun(n: int, *args: str, cwd: Path | None = None) -> subprocess.Complete
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}", *args]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd, timeout=600)
-    if proc.returncode and "terminate called without an active exception" in proc.stderr:
+    for _ in range(2):
         # a rank now and then aborts in gloo's C++ teardown on a loaded 2-core machine (seen in about one in
-        # five runs under load, never alone); that is not what these tests check, so the launch is repeated once
+        # five runs under load, never alone; CI once saw it twice in a row); that is not what these tests
+        # check, so the launch is repeated, at most twice, and only for that abort
+        if not (proc.returncode and "terminate called without an active exception" in proc.stderr):
+            break
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc

@@ -210,6 +210,7 @@ def _train(cfg: Config, resume: bool, held: contextlib.ExitStack, allow_changes:
         flag.restore()
         engine.close()
         accelerator.end_training()  # flush and close the trackers
+        distributed.shutdown()
     console.print(f"run directory: {run_dir}")
     return run_dir
 
