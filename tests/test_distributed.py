@@ -118,3 +118,14 @@ def test_prompts_per_step_must_divide_by_the_process_count(tiny_model_dir, tmp_p
     proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=600)
     assert proc.returncode != 0
     assert "rollout.prompts_per_step=3 must be a multiple of the 2 processes" in proc.stderr
+
+
+def test_shutdown_closes_the_process_group_and_is_a_no_op_without_one(tmp_path):
+    from thinkrl import distributed
+
+    distributed.shutdown()  # nothing initialised: nothing to do
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    assert dist.is_initialized()
+    distributed.shutdown()
+    assert not dist.is_initialized()
+    distributed.shutdown()  # twice is harmless (train.py calls it in a finally)
