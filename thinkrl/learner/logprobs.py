@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from thinkrl.errors import UserError
+from thinkrl.learner import attention
 from thinkrl.learner.head import FusedHead, head_logp, is_plain_head, tempered_logits
 from thinkrl.models import cache_kwarg, forwards_replaced, left_pad
 
@@ -65,6 +66,7 @@ def _hidden(model, prompts: list[list[int]], completions: Tensor, mask: Tensor, 
     attn = torch.cat([p_attn[which], torch.ones((B, T), dtype=torch.long, device=completions.device)], dim=1)  # (B, Lp + T)
     pos = p_pos[which, -1:] + 1 + torch.arange(T, device=completions.device)  # (B, T)
     replay = checkpoint and torch.is_grad_enabled()
+    kv |= attention.marks(config, not bool(p_attn.all()), T)  # causal without a mask where it can (attention.py)
     with _checkpointed(_decoder_layers(body, config)) if replay else contextlib.nullcontext():
         h_comp = body(input_ids=completions, attention_mask=attn, position_ids=pos, **kv).last_hidden_state  # (B, T, H)
     # the state before each generated token predicts it: last prompt state, then completion states 0..T-2

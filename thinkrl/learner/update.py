@@ -18,7 +18,7 @@ Train mode stays for whatever else a model's own code ties to it.
 Memory: a training pass whose activations would pass ACTIVATION_BUDGET recomputes its decoder layers in the
 backward (train.gradient_checkpointing=auto; logprobs.py), which changes no number. On CPU the frozen LoRA
 base is packed for oneDNN for the phase (thinkrl/packed.py) and each LoRA layer runs as one fused operation
-(thinkrl/fused_lora.py).
+(thinkrl/fused_lora.py). Long completion passes attend causally without a mask (thinkrl/learner/attention.py).
 
 With several processes (thinkrl/distributed.py) "global" spans the ranks: counts are summed over them, the
 loss is scaled by the world size (DDP averages gradients), every rank runs exactly one gradient-synchronising
@@ -51,6 +51,7 @@ from thinkrl.batch import TokenBatch
 from thinkrl.config import Config
 from thinkrl.fused_lora import fused_lora_layers
 from thinkrl.learner import correction, method_calls
+from thinkrl.learner.attention import prompt_causal_attention
 from thinkrl.learner.batching import RolloutBatch, mini_batch_rows, update_passes
 from thinkrl.learner.logprobs import LogProbs, activation_bytes, dropout_off
 from thinkrl.learner.old_policy import OldPolicy, old_policy, policy_pass
@@ -101,7 +102,12 @@ def update(ctx: UpdateContext, rb: RolloutBatch, generator: torch.Generator) -> 
     """Every optimizer step of one training step on rollout batch rb; returns the step's update metrics."""
     tc, method = ctx.cfg.train, ctx.method
     ctx.model.train()  # before the pi_old pass too: one mode for every pass (module docstring)
-    with dropout_off(ctx.model), packed_frozen_linears(ctx.policy, PACK_ROWS), fused_lora_layers(ctx.policy, PACK_ROWS):
+    with (
+        dropout_off(ctx.model),
+        packed_frozen_linears(ctx.policy, PACK_ROWS),
+        fused_lora_layers(ctx.policy, PACK_ROWS),
+        prompt_causal_attention(ctx.policy.config),
+    ):
         old = old_policy(ctx.policy, rb, method, ctx.cfg, ctx.pad_id)  # nothing unless the update needs pi_old first
         ref_logp = None
         if "ref_logp" in method.requires and ctx.ref_model is not None:
