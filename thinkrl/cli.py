@@ -248,26 +248,9 @@ def show(
     """Print a step's completions with their rewards, advantages and extracted answers, grouped by prompt.
 
     Prompts, answers and completions are printed as text: terminal escapes in them are shown, not obeyed."""
-    from thinkrl.run.console import console, shown
-    from thinkrl.run.readers import rollout_answer, rollout_groups
+    from thinkrl.run.readers import print_rollouts
 
-    step, found = rollout_groups(run_dir, step)
-    console.print(f"[bold]{shown(run_dir)}[/] step {step}: {len(found)} groups")
-    for group in found[: groups or None]:
-        first = group[0]
-        console.rule(f"prompt {shown(first['prompt_id'])}  (answer: {shown(first['answer'])})")
-        console.print(shown(first["prompt"]))
-        for i, r in enumerate(group):
-            text = r["completion"] if not max_chars or len(r["completion"]) <= max_chars else r["completion"][:max_chars] + " [...]"
-            color = "green" if r["score"] > 0 else "red"
-            extra = f", prefix {shown(r['prefix_len'])} tokens from step {shown(r['seed_step'])}" if r.get("prefix_len") else ""
-            answer = rollout_answer(r)
-            said = "none" if answer is None else shown(answer if len(answer) <= 80 else answer[:80] + " [...]")
-            console.print(
-                f"\n[{color}]#{i} reward {r['reward']:+.2f}  advantage {r['advantage']:+.2f}  {shown(r['length'])} tokens"
-                f"{' (truncated)' if r['truncated'] else ''}{extra}[/]  answer: {said}"
-            )
-            console.print(shown(text))
+    print_rollouts(run_dir, step, groups, max_chars)
 
 
 @app.command()

@@ -172,6 +172,30 @@ def rollout_answer(row: dict) -> str | None:
     return row["extracted"] if "extracted" in row else extract_boxed(row["completion"])
 
 
+def print_rollouts(path: Path, step: int | None, groups: int, max_chars: int) -> None:
+    """`thinkrl show`: a step's completions with reward, advantage and answer, `groups` prompt groups (0 = all),
+    each completion cut to `max_chars` (0 = whole). Logged text is printed as text (escapes shown, not obeyed)."""
+    from thinkrl.run.console import console, shown
+
+    step, found = rollout_groups(path, step)
+    console.print(f"[bold]{shown(path)}[/] step {step}: {len(found)} groups")
+    for group in found[: groups or None]:
+        first = group[0]
+        console.rule(f"prompt {shown(first['prompt_id'])}  (answer: {shown(first['answer'])})")
+        console.print(shown(first["prompt"]))
+        for i, r in enumerate(group):
+            text = r["completion"] if not max_chars or len(r["completion"]) <= max_chars else r["completion"][:max_chars] + " [...]"
+            color = "green" if r["score"] > 0 else "red"
+            extra = f", prefix {shown(r['prefix_len'])} tokens from step {shown(r['seed_step'])}" if r.get("prefix_len") else ""
+            answer = rollout_answer(r)
+            said = "none" if answer is None else shown(answer if len(answer) <= 80 else answer[:80] + " [...]")
+            console.print(
+                f"\n[{color}]#{i} reward {r['reward']:+.2f}  advantage {r['advantage']:+.2f}  {shown(r['length'])} tokens"
+                f"{' (truncated)' if r['truncated'] else ''}{extra}[/]  answer: {said}"
+            )
+            console.print(shown(text))
+
+
 def _ranges(steps: list[int]) -> str:
     """[1, 2, 3, 7] -> '1-3, 7'."""
     out, start = [], steps[0]
