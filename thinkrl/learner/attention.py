@@ -33,6 +33,7 @@ from torch import Tensor
 
 NAME = "thinkrl_sdpa"
 MIN_COMPLETION = 768  # completion positions (the pass's padded length) from which the causal form is used (below it, it measured slower)
+_TORCH = tuple(int(x) for x in torch.__version__.split(".")[:2])
 MODEL_TYPES = ("llama", "qwen2", "qwen3")  # decoder-only, one full causal attention per layer, kwargs reach attention
 
 
@@ -54,7 +55,8 @@ def _attention(module, query: Tensor, key: Tensor, value: Tensor, attention_mask
 
 def supported(config) -> bool:
     return (
-        getattr(config, "_attn_implementation", None) == "sdpa"
+        _TORCH >= (2, 5)  # SDPA's enable_gqa
+        and getattr(config, "_attn_implementation", None) == "sdpa"
         and getattr(config, "model_type", None) in MODEL_TYPES
         and not getattr(config, "use_sliding_window", False)
         and all(t == "full_attention" for t in getattr(config, "layer_types", None) or ())
