@@ -44,10 +44,10 @@ verdict here is about thinkrl's implementation at this scale, not about the pape
 
 Run: `python bench/reproduce.py` (every row; `--claims ctpo,ais` for some), resumable and interruptible with Ctrl-C;
 the tables fill as result JSONs appear. Measured on an idle 2-core machine: an off-policy run (32 completions and
-4 updates per step; ctpo seed 0) 13 min of training and 47 s of evaluation; ict's steps take ~15 s (about 10 min
-a run) and thinking_seeds' ~15 s. Estimated from the demo's 7.1 s per step: a default-size run (ais, grpo) about
-5 min, stare's 60 dynamic-sampling steps about 10. About 10 hours for the 51 runs (sis's and drpo's grpo arm is
-one set of runs)."""
+4 updates per step; the ctpo row) 9-14 min of training and ~45 s of evaluation; a default-size run with an fp8
+sampler (the ais row) 5-8.5 min and ~40 s; ict's steps take ~15 s (about 10 min a run) and thinking_seeds' ~15 s.
+Estimated: stare's 60 dynamic-sampling steps about 10 min. About 10 hours for the 51 runs (sis's and drpo's grpo
+arm is one set of runs)."""
 
 
 @dataclass
