@@ -125,7 +125,11 @@ def test_shutdown_closes_the_process_group_and_is_a_no_op_without_one(tmp_path):
 
     distributed.shutdown()  # nothing initialised: nothing to do
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
-    assert dist.is_initialized()
-    distributed.shutdown()
-    assert not dist.is_initialized()
-    distributed.shutdown()  # twice is harmless (train.py calls it in a finally)
+    try:
+        assert dist.is_initialized()
+        distributed.shutdown()
+        assert not dist.is_initialized()
+        distributed.shutdown()  # twice is harmless (train.py calls it in a finally)
+    finally:  # a failure must not leave this pytest process in a process group for later tests
+        if dist.is_initialized():
+            dist.destroy_process_group()
