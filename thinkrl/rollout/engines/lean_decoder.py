@@ -12,6 +12,9 @@ A finished row's slot is refilled in place by `prefill` with a new sequence: not
 finish. Once nothing waits to be refilled, `compact` packs the live rows into storage for them alone, so the
 last long rows of a batch do not grow storage for every slot. `release()` frees it (before the update phase).
 
+On the CPU in float32 a decode step's attention runs in a small C kernel (decode_kernel.py), each row over
+its own length; elsewhere in SDPA.
+
 Each generation call starts by packing the (just refreshed) weights for oneDNN (thinkrl/packed.py: 3.6x
 faster decode matmuls on this project's CPU, measured); `release()` drops the packed copy with the storage.
 """
@@ -25,6 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from thinkrl.packed import PackedLinear
+from thinkrl.rollout.engines import decode_kernel
 
 SUPPORTED = ("LlamaForCausalLM", "Qwen2ForCausalLM")
 CHUNK = 64  # smallest capacity step, in positions; growth is geometric above it (amortised O(1) per token)
@@ -253,8 +257,11 @@ class LeanDecoder:
         # every slot's new key at its own position (cheaper than advanced-index assignment, measured)
         heads = torch.arange(n, device=device)[:, None] * Hk + torch.arange(Hk, device=device)  # (n, Hk)
         at = (heads * self.capacity + positions[:, None]).reshape(-1)  # (n Hk,)
-        # rows all at one position (one prompt's group before any refill) attend to every stored position: no mask
-        aligned = int(positions.min()) == end - 1
+        # float32 on the CPU: the C kernel (decode_kernel.py), where each row's length is its mask. Otherwise
+        # SDPA; rows all at one position (one prompt's group before any refill) attend to every stored
+        # position there, with no mask
+        kernel = decode_kernel.StepAttention(positions + 1, Hk, Hq // Hk) if decode_kernel.usable(self.keys[0]) else None
+        aligned = kernel is not None or int(positions.min()) == end - 1
         mask = None if aligned else (torch.arange(end, device=device)[None] <= positions[:, None])[:, None, None]  # (n, 1, 1, end)
 
         def store(i: int, k: Tensor, v: Tensor) -> None:
@@ -262,10 +269,12 @@ class LeanDecoder:
             self.values[i].view(-1, D).index_copy_(0, at, v.reshape(n * Hk, D))
 
         def attend(i: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-            keys, values = self.keys[i][:n, :, :end], self.values[i][:n, :, :end]  # (n, Hk, end, D) views
             # the Hq / Hk query heads that share a key head go in as that head's queries: one attention per key
             # head instead of repeating keys per query head (enable_gqa): 6-40% less attention time on CPU, measured
             grouped = q.reshape(n, Hk, Hq // Hk, D)  # (n, Hk, G, D)
+            if kernel is not None:
+                return kernel(grouped, self.keys[i], self.values[i]).view(n, Hq, 1, D)
+            keys, values = self.keys[i][:n, :, :end], self.values[i][:n, :, :end]  # (n, Hk, end, D) views
             return F.scaled_dot_product_attention(grouped, keys, values, attn_mask=mask).view(n, Hq, 1, D)
 
         x = self._layers(tokens[:, None], positions[:, None], attend, store)  # (n, 1, H)

@@ -1,0 +1,102 @@
+/* One decode step's attention for the lean decoder (lean_decoder.py), float32 on the CPU.
+
+   For every (row r, key head h): the G query heads that share key head h attend to the first len[r]
+   positions of that row's keys and values, with a plain softmax (no mask: a row's length is its mask).
+   Storage is the decoder's (slots, key heads, capacity, head dim) tensor, so row r's keys for head h are
+   len[r] contiguous vectors of `dim` floats.
+
+   Why a kernel: torch's CPU SDPA (and a matmul formulation) spent 1.5-4x the time it takes to read the keys
+   and values once, for 3 queries per key head; see decode_kernel.py for the numbers. Here each (row, head)
+   reads its keys once (scores into a scratch row), then its values once per query head while they sit in
+   cache. Rows are independent: a row's output never depends on which other rows share the step.
+
+   Built by decode_kernel.py with -O3 -march=native -ffast-math (fast math lets the compiler use the
+   vectorised expf); threads come from OpenMP when the process already runs torch's libgomp. */
+
+#include <math.h>
+#include <string.h>
+
+typedef float v16 __attribute__((vector_size(64), aligned(4))); /* 16 floats; unaligned loads allowed */
+
+static inline float lane_sum(v16 x) {
+  float r = 0.f;
+  for (int i = 0; i < 16; i++) r += x[i];
+  return r;
+}
+
+/* One (row, key head): q (G, DIM), k and v (L, DIM) -> o (G, DIM); s is scratch for G x L scores. */
+#define DEFINE_HEAD(DIM)                                                                                  \
+  static void head_##DIM(const float *q, const float *k, const float *v, float *o, long L, long G,        \
+                         float scale, float *s) {                                                         \
+    enum { W = DIM / 16 };                                                                                \
+    for (long t = 0; t < L; t++) { /* scores: each key read once, for all G queries */                    \
+      const v16 *kt = (const v16 *)(k + t * DIM);                                                         \
+      for (long g = 0; g < G; g++) {                                                                      \
+        const v16 *qg = (const v16 *)(q + g * DIM);                                                       \
+        v16 acc = qg[0] * kt[0];                                                                          \
+        for (int w = 1; w < W; w++) acc += qg[w] * kt[w];                                                 \
+        s[g * L + t] = lane_sum(acc) * scale;                                                             \
+      }                                                                                                   \
+    }                                                                                                     \
+    for (long g = 0; g < G; g++) { /* softmax, then the weighted sum of values, normalised at the end */  \
+      float *sg = s + g * L, top = sg[0], total = 0.f;                                                    \
+      for (long t = 1; t < L; t++) top = sg[t] > top ? sg[t] : top;                                       \
+      for (long t = 0; t < L; t++) {                                                                      \
+        sg[t] = expf(sg[t] - top);                                                                        \
+        total += sg[t];                                                                                   \
+      }                                                                                                   \
+      v16 acc[W];                                                                                         \
+      for (int w = 0; w < W; w++) acc[w] = (v16){0};                                                      \
+      for (long t = 0; t < L; t++) {                                                                      \
+        const v16 *vt = (const v16 *)(v + t * DIM);                                                       \
+        for (int w = 0; w < W; w++) acc[w] += sg[t] * vt[w];                                              \
+      }                                                                                                   \
+      for (int w = 0; w < W; w++) ((v16 *)(o + g * DIM))[w] = acc[w] * (1.f / total);                     \
+    }                                                                                                     \
+  }
+DEFINE_HEAD(64)
+DEFINE_HEAD(128)
+
+/* Any other head size: the same steps with the head dim known only at run time. */
+static void head_any(const float *q, const float *k, const float *v, float *o, long L, long G, long dim,
+                     float scale, float *s) {
+  for (long t = 0; t < L; t++)
+    for (long g = 0; g < G; g++) {
+      float acc = 0.f;
+      for (long d = 0; d < dim; d++) acc += q[g * dim + d] * k[t * dim + d];
+      s[g * L + t] = acc * scale;
+    }
+  for (long g = 0; g < G; g++) {
+    float *sg = s + g * L, *og = o + g * dim, top = sg[0], total = 0.f;
+    for (long t = 1; t < L; t++) top = sg[t] > top ? sg[t] : top;
+    for (long t = 0; t < L; t++) {
+      sg[t] = expf(sg[t] - top);
+      total += sg[t];
+    }
+    memset(og, 0, sizeof(float) * dim);
+    for (long t = 0; t < L; t++)
+      for (long d = 0; d < dim; d++) og[d] += sg[t] * v[t * dim + d];
+    for (long d = 0; d < dim; d++) og[d] *= 1.f / total;
+  }
+}
+
+/* q and out: (n, hk, g, dim) contiguous; k and v: storage whose slot r starts at r * slot_stride floats,
+   head h at h * capacity * dim within it; len: (n,) positions per row, each in [1, capacity]; scratch:
+   n * hk * g * max_len floats. */
+void decode_attention(const float *q, const float *k, const float *v, float *out, const long *len, long n,
+                      long hk, long g, long dim, long capacity, long slot_stride, float scale, float *scratch,
+                      long max_len) {
+#pragma omp parallel for schedule(static)
+  for (long task = 0; task < n * hk; task++) {
+    long r = task / hk, h = task % hk;
+    const float *kk = k + r * slot_stride + h * capacity * dim, *vv = v + r * slot_stride + h * capacity * dim;
+    const float *qq = q + task * g * dim;
+    float *oo = out + task * g * dim, *s = scratch + task * g * max_len;
+    if (dim == 64)
+      head_64(qq, kk, vv, oo, len[r], g, scale, s);
+    else if (dim == 128)
+      head_128(qq, kk, vv, oo, len[r], g, scale, s);
+    else
+      head_any(qq, kk, vv, oo, len[r], g, dim, scale, s);
+  }
+}
