@@ -1,5 +1,6 @@
 """The memory defaults change memory only: the same run with checkpointing on, off or chosen automatically,
-and with or without the start-up allocator setting, writes the same metrics and weights, to the bit."""
+and with or without the start-up allocator settings (glibc's threshold, the CPU block cache), writes the same
+metrics and weights, to the bit."""
 
 import json
 import os
@@ -83,11 +84,15 @@ def test_auto_checkpoints_a_pass_once_its_activations_pass_the_budget():
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the allocator setting is glibc's")
 def test_allocator_setting_changes_no_number(tiny_model_dir, tmp_path):
-    """Two fresh processes, one with the start-up mallopt and one without: the same metrics and weights."""
+    """Two fresh processes, one with the start-up mallopt and the CPU block cache (every block through it,
+    not only large ones, so the tiny model's run reuses blocks all the time) and one with neither: the same
+    metrics and weights."""
     code = (
         "import sys; from thinkrl import allocator; from thinkrl.cli import app\n"
         "if sys.argv[1] == 'off': allocator.tune = lambda: False\n"
+        "allocator.CACHE_MIN = 0\n"
         "app(sys.argv[2:], standalone_mode=False)\n"
+        "print('CACHE', allocator.cache_stats())\n"
         "print('TUNED', allocator._done)\n"
     )
     runs = {}
@@ -99,6 +104,11 @@ def test_allocator_setting_changes_no_number(tiny_model_dir, tmp_path):
         assert proc.returncode == 0, proc.stderr[-3000:]
         tuned = json.loads(proc.stdout.split("TUNED", 1)[1].strip().lower())
         assert tuned == ([True] if mode == "on" else [])
+        cache = proc.stdout.split("CACHE", 1)[1].split("TUNED", 1)[0].strip()
+        if mode == "off":
+            assert cache == "None"
+        elif "CPU block cache is unavailable" not in proc.stderr:  # built here: it ran, and blocks were reused
+            assert eval(cache)["hits"] > 1000, cache
         runs[mode] = _numbers(out)
     _assert_same(runs["on"], runs["off"])
 

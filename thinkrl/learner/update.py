@@ -46,7 +46,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from thinkrl import distributed
+from thinkrl import allocator, distributed
 from thinkrl.batch import TokenBatch
 from thinkrl.config import Config
 from thinkrl.fused_lora import fused_lora_layers
@@ -103,6 +103,7 @@ def update(ctx: UpdateContext, rb: RolloutBatch, generator: torch.Generator) -> 
     tc, method = ctx.cfg.train, ctx.method
     ctx.model.train()  # before the pi_old pass too: one mode for every pass (module docstring)
     with (
+        allocator.phase(),  # the CPU block cache is emptied after the phase (thinkrl/allocator.py)
         dropout_off(ctx.model),
         packed_frozen_linears(ctx.policy, PACK_ROWS),
         fused_lora_layers(ctx.policy, PACK_ROWS),

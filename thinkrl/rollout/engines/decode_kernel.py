@@ -9,8 +9,8 @@ torch's SDPA 0.36-0.40 / 1.3-1.7 / 2.6-3.0 ms at 100 / 600 / 1,100 positions, th
 4.66 -> 4.41 s, 512 tokens 47.6 -> 37.8 s. Each row's output depends on its own keys alone, so a row decodes
 to the same bits whatever shares its step; against SDPA it differs by summation order (~3e-7).
 
-Built once per source, compiler and CPU (it is compiled for the CPU it runs on: -march=native) into
-$THINKRL_CACHE/kernels (default ~/.cache/thinkrl/kernels); about half a second. Threads: OpenMP, only when
+Built by thinkrl/native.py once per source, compiler and CPU (it is compiled for the CPU it runs on:
+-march=native; $CC, else cc or gcc); about half a second. Threads: OpenMP, only when
 the process already runs torch's libgomp (the kernel then shares torch's thread pool; a second OpenMP
 runtime would fight it for the cores), else one thread. Where it cannot be built (no compiler, not Linux) the
 decoder uses SDPA and says so once; THINKRL_DECODE_KERNEL=0 turns the kernel off (SDPA everywhere).
@@ -19,20 +19,14 @@ decoder uses SDPA and says so once; THINKRL_DECODE_KERNEL=0 turns the kernel off
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
 import platform
-import shutil
-import subprocess
-import sys
-import tempfile
-import warnings
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
-from thinkrl.models import cache_dir
+from thinkrl import native
 
 SOURCE = Path(__file__).with_name("decode_attention.c")
 _loaded: list = []  # [the C function or None], filled by the first load()
@@ -101,51 +95,12 @@ def _cpu_id() -> str:
 
 
 def _build_and_load():
-    if not sys.platform.startswith("linux"):
-        return None
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        return _unavailable("no C compiler found (cc or gcc; or set CC)")
     omp = _openmp_flag()
-    compile_flags = ["-O3", "-march=native", "-ffast-math", "-fPIC", *omp]
-    try:
-        version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.SubprocessError) as e:
-        return _unavailable(f"{cc} --version failed: {e}")
-    key = hashlib.sha256("\0".join([SOURCE.read_text(), version, " ".join(compile_flags), _cpu_id()]).encode()).hexdigest()[:16]
-    target = cache_dir() / "kernels" / f"decode_attention-{key}.so"
-    if not target.is_file():
-        try:
-            _compile(cc, compile_flags, omp, target)
-        except (OSError, subprocess.SubprocessError) as e:
-            detail = getattr(e, "stderr", "") or e
-            return _unavailable(f"compiling {SOURCE.name} with {cc} failed: {str(detail).strip()[:500]}")
-    try:
-        fn = ctypes.CDLL(str(target)).decode_attention
-    except (OSError, AttributeError) as e:
-        return _unavailable(f"loading {target} failed: {e}")
+    flags = ["-O3", "-march=native", "-ffast-math", *omp]
+    lib = native.build("decode attention kernel", SOURCE, native.compiler("CC", "cc", "gcc"), flags, [*omp, "-lm"], [_cpu_id()])
+    if lib is None:
+        return None
+    fn = lib.decode_attention
     fn.restype = None
     fn.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_long] * 6 + [ctypes.c_float, ctypes.c_void_p, ctypes.c_long]
     return fn
-
-
-def _compile(cc: str, compile_flags: list[str], omp: list[str], target: Path) -> None:
-    """Compile to an object with the fast-math flags, then link without them: linking with -ffast-math can add
-    start-up code that sets the whole process's float mode (flush denormals to zero). Written under a
-    temporary name and renamed, so processes building at once never load a half-written file."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        obj, lib = Path(tmp) / "k.o", Path(tmp) / "k.so"
-        run = dict(check=True, capture_output=True, text=True, timeout=120)
-        subprocess.run([cc, *compile_flags, "-c", str(SOURCE), "-o", str(obj)], **run)
-        subprocess.run([cc, "-shared", *omp, str(obj), "-o", str(lib), "-lm"], **run)
-        os.replace(lib, target)
-
-
-def _unavailable(why: str) -> None:
-    warnings.warn(
-        f"thinkrl: the CPU decode attention kernel is unavailable ({why}); decoding uses torch's SDPA instead, "
-        "which is slower on long CPU generations. Set THINKRL_DECODE_KERNEL=0 to use SDPA without this warning.",
-        stacklevel=3,
-    )
-    return None

@@ -1,0 +1,75 @@
+"""Building thinkrl's two small native helpers on first use: the lean decoder's attention kernel
+(rollout/engines/decode_attention.c) and the CPU block cache (cpu_cache.cpp, see allocator.py).
+
+Each is compiled with the system compiler into $THINKRL_CACHE/native (default ~/.cache/thinkrl/native), once
+per source, compiler, flags and whatever else the caller names (the CPU for -march=native, torch's version
+for code against its headers), then loaded with ctypes. A build takes about a second. Where it cannot be
+built (not Linux, no compiler, a compile error) the caller gets None and one warning naming the reason and
+the switch that turns the helper off; thinkrl then runs the plain torch path, only slower.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import warnings
+from pathlib import Path
+
+from thinkrl.models import cache_dir
+
+
+def compiler(env: str, *names: str) -> str | None:
+    """$env if set, else the first of `names` on PATH."""
+    return os.environ.get(env) or next((found for n in names if (found := shutil.which(n))), None)
+
+
+def build(name: str, source: Path, cc: str | None, compile_flags: list[str], link_flags: list[str], key: list[str]):
+    """ctypes handle of `source` compiled with `cc`, built if needed; None (after a warning) where it cannot be."""
+    if not sys.platform.startswith("linux"):
+        return None
+    if cc is None:
+        return unavailable(name, "no compiler found")
+    try:
+        version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError) as e:
+        return unavailable(name, f"{cc} --version failed: {e}")
+    parts = [source.read_text(), version, *compile_flags, *link_flags, *key]
+    target = cache_dir() / "native" / f"{source.stem}-{hashlib.sha256(chr(0).join(parts).encode()).hexdigest()[:16]}.so"
+    if not target.is_file():
+        try:
+            _compile(cc, source, compile_flags, link_flags, target)
+        except (OSError, subprocess.SubprocessError) as e:
+            detail = getattr(e, "stderr", None) or e
+            return unavailable(name, f"compiling {source.name} with {cc} failed: {str(detail).strip()[-800:]}")
+    try:
+        return ctypes.CDLL(str(target))
+    except OSError as e:
+        return unavailable(name, f"loading {target} failed: {e}")
+
+
+def _compile(cc: str, source: Path, compile_flags: list[str], link_flags: list[str], target: Path) -> None:
+    """Compile to an object, then link separately: the link gets only `link_flags` (linking with -ffast-math,
+    say, can add start-up code that changes the whole process's float mode). Written under a temporary name
+    and renamed, so processes building at once never load a half-written file."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        obj, lib = Path(tmp) / "x.o", Path(tmp) / "x.so"
+        run = dict(check=True, capture_output=True, text=True, timeout=300)
+        subprocess.run([cc, *compile_flags, "-fPIC", "-c", str(source), "-o", str(obj)], **run)
+        subprocess.run([cc, "-shared", str(obj), "-o", str(lib), *link_flags], **run)
+        os.replace(lib, target)
+
+
+def unavailable(name: str, why: str) -> None:
+    switch = {"decode attention kernel": "THINKRL_DECODE_KERNEL=0", "CPU block cache": "THINKRL_CPU_CACHE=0"}.get(name, "")
+    warnings.warn(
+        f"thinkrl: the {name} is unavailable ({why}); thinkrl runs without it, only slower on the CPU. "
+        f"Set {switch} to run without it and without this warning.",
+        stacklevel=3,
+    )
+    return None
