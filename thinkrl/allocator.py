@@ -26,7 +26,8 @@ emptied at the end of every generation and every update phase. Measured (update 
 this module's threshold both times, one run each, same hour): at 1,024 tokens 181.3 s at 2.91 GB peak RSS
 without the cache, 147.7 s at 2.98 GB with it; at 64 tokens 6.8-7.2 s / 3.18-3.38 GB against 6.4-7.0 s /
 3.02-3.13 GB. It changes no number (tests/test_memory_defaults.py). THINKRL_CPU_CACHE=0 leaves torch's
-allocator alone; without a C++ compiler or torch's headers it is skipped with one warning.
+allocator alone, as does a machine with CUDA; without a C++ compiler or torch's headers it is skipped with
+one warning.
 """
 
 from __future__ import annotations
@@ -93,10 +94,10 @@ def cache_stats() -> dict[str, int] | None:
 def _start_cache() -> None:
     if _cache:
         return
-    lib = None
-    if sys.platform.startswith("linux") and os.environ.get("THINKRL_CPU_CACHE", "1") != "0":
-        import torch
+    import torch
 
+    lib = None  # a CUDA machine trains and decodes on the GPU: its CPU allocations are few and small
+    if sys.platform.startswith("linux") and os.environ.get("THINKRL_CPU_CACHE", "1") != "0" and not torch.cuda.is_available():
         root = Path(torch.__file__).parent
         flags = ["-O2", "-std=c++17", f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}", f"-I{root / 'include'}"]
         link = [f"-L{root / 'lib'}", "-lc10", f"-Wl,-rpath,{root / 'lib'}"]

@@ -64,7 +64,7 @@ class StepAttention:
         n, Hk, G, D = q.shape
         q = q.contiguous()
         assert q.dtype == keys.dtype == values.dtype == torch.float32 and keys.is_contiguous() and values.is_contiguous()
-        assert keys.shape == values.shape and keys.shape[0] >= n == len(self.lengths) and keys.shape[1:] == (Hk, keys.shape[2], D)
+        assert keys.shape == values.shape and keys.shape[0] >= n == len(self.lengths) and keys.shape[1] == Hk and keys.shape[3] == D
         assert self.longest <= keys.shape[2] and n * Hk * G * self.longest <= self.scratch.numel()
         out = torch.empty_like(q)
         ptr = ctypes.c_void_p
