@@ -23,11 +23,12 @@ So, on top of the threshold, a cache of freed blocks of 1 MiB or more sits in fr
 (cpu_cache.cpp, built by thinkrl/native.py on first use): a training pass frees and asks again for the same
 sizes layer after layer, and the cache hands a freed block back instead of fresh pages, at most 512 MiB kept,
 emptied at the end of every generation and every update phase. Measured (update phase alone, 16 completions,
-this module's threshold both times, one run each, same hour): at 1,024 tokens 181.3 s at 2.91 GB peak RSS
-without the cache, 147.7 s at 2.98 GB with it; at 64 tokens 6.8-7.2 s / 3.18-3.38 GB against 6.4-7.0 s /
-3.02-3.13 GB. It changes no number (tests/test_memory_defaults.py). THINKRL_CPU_CACHE=0 leaves torch's
-allocator alone, as does a machine with CUDA; without a C++ compiler or torch's headers it is skipped with
-one warning.
+this module's threshold both times, same hour; a first version of the cache with the same sizes): at 1,024
+tokens 181.3 s at 2.91 GB peak RSS without the cache, 147.7 s at 2.98 GB with it (one run each); at 64 tokens
+6.8-7.2 s / 3.18-3.38 GB without, 6.4-7.0 s / 3.02-3.13 GB with (three updates each). This file as it is: 256
+tokens 36.2-41.4 s / 2.63-2.77 GB without, 28.2-28.9 s / 2.74-2.83 GB with (two updates each). It changes no
+number (tests/test_memory_defaults.py). THINKRL_CPU_CACHE=0 leaves torch's allocator alone, as does a machine
+with CUDA; without a C++ compiler or torch's headers it is skipped with one warning.
 """
 
 from __future__ import annotations
