@@ -103,7 +103,15 @@ def _start_cache() -> None:
         flags = ["-O2", "-std=c++17", f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}", f"-I{root / 'include'}"]
         link = [f"-L{root / 'lib'}", "-lc10", f"-Wl,-rpath,{root / 'lib'}"]
         source = Path(__file__).with_name("cpu_cache.cpp")
-        lib = native.build("CPU block cache", source, native.compiler("CXX", "c++", "g++"), flags, link, [torch.__version__, str(root)])
+        lib = native.build(
+            "CPU block cache",
+            "THINKRL_CPU_CACHE=0",
+            source,
+            native.compiler("CXX", "c++", "g++"),
+            flags,
+            link,
+            [torch.__version__, str(root)],
+        )
         if lib is not None:
             lib.thinkrl_cache_install.argtypes = [ctypes.c_size_t, ctypes.c_size_t]
             lib.thinkrl_cache_stats.argtypes = [ctypes.c_void_p]

@@ -28,16 +28,17 @@ def compiler(env: str, *names: str) -> str | None:
     return os.environ.get(env) or next((found for n in names if (found := shutil.which(n))), None)
 
 
-def build(name: str, source: Path, cc: str | None, compile_flags: list[str], link_flags: list[str], key: list[str]):
-    """ctypes handle of `source` compiled with `cc`, built if needed; None (after a warning) where it cannot be."""
+def build(name: str, switch: str, source: Path, cc: str | None, compile_flags: list[str], link_flags: list[str], key: list[str]):
+    """ctypes handle of `source` compiled with `cc`, built if needed; None (after a warning naming `switch`, the
+    setting that turns the helper off) where it cannot be."""
     if not sys.platform.startswith("linux"):
         return None
     if cc is None:
-        return unavailable(name, "no compiler found")
+        return unavailable(name, switch, "no compiler found")
     try:
         version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError) as e:
-        return unavailable(name, f"{cc} --version failed: {e}")
+        return unavailable(name, switch, f"{cc} --version failed: {e}")
     parts = [source.read_text(), version, *compile_flags, *link_flags, *key]
     target = cache_dir() / "native" / f"{source.stem}-{hashlib.sha256(chr(0).join(parts).encode()).hexdigest()[:16]}.so"
     if not target.is_file():
@@ -45,11 +46,11 @@ def build(name: str, source: Path, cc: str | None, compile_flags: list[str], lin
             _compile(cc, source, compile_flags, link_flags, target)
         except (OSError, subprocess.SubprocessError) as e:
             detail = getattr(e, "stderr", None) or e
-            return unavailable(name, f"compiling {source.name} with {cc} failed: {str(detail).strip()[-800:]}")
+            return unavailable(name, switch, f"compiling {source.name} with {cc} failed: {str(detail).strip()[-800:]}")
     try:
         return ctypes.CDLL(str(target))
     except OSError as e:
-        return unavailable(name, f"loading {target} failed: {e}")
+        return unavailable(name, switch, f"loading {target} failed: {e}")
 
 
 def _compile(cc: str, source: Path, compile_flags: list[str], link_flags: list[str], target: Path) -> None:
@@ -65,8 +66,7 @@ def _compile(cc: str, source: Path, compile_flags: list[str], link_flags: list[s
         os.replace(lib, target)
 
 
-def unavailable(name: str, why: str) -> None:
-    switch = {"decode attention kernel": "THINKRL_DECODE_KERNEL=0", "CPU block cache": "THINKRL_CPU_CACHE=0"}.get(name, "")
+def unavailable(name: str, switch: str, why: str) -> None:
     warnings.warn(
         f"thinkrl: the {name} is unavailable ({why}); thinkrl runs without it, only slower on the CPU. "
         f"Set {switch} to run without it and without this warning.",

@@ -97,7 +97,9 @@ def _cpu_id() -> str:
 def _build_and_load():
     omp = _openmp_flag()
     flags = ["-O3", "-march=native", "-ffast-math", *omp]
-    lib = native.build("decode attention kernel", SOURCE, native.compiler("CC", "cc", "gcc"), flags, [*omp, "-lm"], [_cpu_id()])
+    lib = native.build(
+        "decode attention kernel", "THINKRL_DECODE_KERNEL=0", SOURCE, native.compiler("CC", "cc", "gcc"), flags, [*omp, "-lm"], [_cpu_id()]
+    )
     if lib is None:
         return None
     fn = lib.decode_attention
