@@ -1,5 +1,6 @@
-"""The decode attention kernel (thinkrl/rollout/engines/decode_kernel.py, decode_attention.c): the attention
-SDPA computes with a per-row length mask, for every head size; a row's output independent of the other rows;
+"""The decode attention kernel (thinkrl/rollout/engines/decode_kernel.py, decode_attention.c): transformers'
+rotary embedding, the new key and value stored, and the attention SDPA computes with a per-row length mask,
+for every head size; a row's output independent of the other rows;
 the lean engine's samples unchanged by it; a clear fallback where it cannot be built; and loading it leaves
 the process's float mode alone."""
 
@@ -19,45 +20,68 @@ def storage(slots: int, key_heads: int, capacity: int, dim: int, seed: int = 0) 
     return tuple(torch.randn(slots, key_heads, capacity, dim, generator=g) for _ in range(2))  # type: ignore[return-value]
 
 
-def sdpa(q, keys, values, lengths):
-    """The reference: SDPA over the first lengths[r] positions of each row, the rest masked."""
-    n, C = q.shape[0], keys.shape[2]
-    mask = (torch.arange(C)[None] < lengths[:, None])[:, None, None]  # (n, 1, 1, C)
-    return F.scaled_dot_product_attention(q, keys[:n], values[:n], attn_mask=mask)
+def step_inputs(n: int, key_heads: int, group: int, dim: int, seed: int = 1):
+    """A layer's qkv (n, Hq + 2 Hk, D) and rotary tables (n, D) as a rotary embedding makes them."""
+    g = torch.Generator().manual_seed(seed)
+    qkv = torch.randn(n, key_heads * (group + 2), dim, generator=g) * 2
+    angle = torch.rand(n, dim // 2, generator=g) * 6
+    angle = torch.cat([angle, angle], dim=-1)  # (n, D): both halves share their angles
+    return qkv, angle.cos(), angle.sin()
+
+
+def reference(qkv, cos, sin, keys, values, positions, key_heads):
+    """transformers' rotate-half rotary embedding, the new key and value written at positions[r], SDPA over
+    the first positions[r] + 1 stored positions of each row, the rest masked."""
+    n, D = cos.shape
+    rot = lambda x: x * cos[:, None] + torch.cat([-x[..., D // 2 :], x[..., : D // 2]], -1) * sin[:, None]  # noqa: E731
+    Hq = qkv.shape[1] - 2 * key_heads
+    q, k, v = rot(qkv[:, :Hq]), rot(qkv[:, Hq : Hq + key_heads]), qkv[:, Hq + key_heads :]
+    keys, values = keys.clone(), values.clone()
+    keys[torch.arange(n), :, positions] = k
+    values[torch.arange(n), :, positions] = v
+    mask = (torch.arange(keys.shape[2])[None] <= positions[:, None])[:, None, None]  # (n, 1, 1, C)
+    grouped = q.reshape(n, key_heads, Hq // key_heads, D)
+    out = F.scaled_dot_product_attention(grouped, keys[:n], values[:n], attn_mask=mask)
+    return out.reshape(n, Hq, D), keys, values
 
 
 @needs_kernel
 @pytest.mark.parametrize("dim", [64, 128, 8, 48])  # the two unrolled head sizes and the general code
 @pytest.mark.parametrize("group", [1, 3])
-def test_the_kernel_computes_masked_attention(dim, group):
+def test_the_kernel_rotates_stores_and_computes_masked_attention(dim, group):
     keys, values = storage(slots=6, key_heads=2, capacity=40, dim=dim)
-    q = torch.randn(4, 2, group, dim, generator=torch.Generator().manual_seed(1)) * 2
-    lengths = torch.tensor([1, 17, 40, 9])  # one position, some, all of the capacity
-    out = decode_kernel.StepAttention(lengths, 2, group)(q, keys, values)
-    assert out.shape == q.shape
-    torch.testing.assert_close(out, sdpa(q, keys, values, lengths), atol=2e-6, rtol=1e-5)
-    # a one-position row is exactly its value vector
-    torch.testing.assert_close(out[0], values[0, :, :1].expand(2, group, dim), atol=1e-6, rtol=0)
+    qkv, cos, sin = step_inputs(4, 2, group, dim)
+    positions = torch.tensor([0, 16, 39, 8])  # the first position, some, the last of the capacity
+    want, want_keys, want_values = reference(qkv, cos, sin, keys, values, positions, 2)
+    out = decode_kernel.DecodeStep(positions, cos, sin, 2, group)(qkv, keys, values)
+    assert out.shape == (4, 2 * group, dim)
+    torch.testing.assert_close(out, want, atol=2e-6, rtol=1e-5)
+    torch.testing.assert_close(keys, want_keys, atol=1e-6, rtol=1e-6)  # the new keys, rotated, in place
+    assert torch.equal(values, want_values)  # the new values copied as they are; no other position touched
+    # a row at position 0 attends to its own new value alone
+    torch.testing.assert_close(out[0], qkv[0, 2 * group + 2 :].repeat_interleave(group, 0), atol=1e-6, rtol=0)
 
 
 @needs_kernel
 def test_a_rows_output_does_not_depend_on_the_other_rows():
     keys, values = storage(slots=5, key_heads=3, capacity=32, dim=64)
-    q = torch.randn(5, 3, 3, 64, generator=torch.Generator().manual_seed(2))
-    lengths = torch.tensor([32, 5, 12, 1, 30])
-    together = decode_kernel.StepAttention(lengths, 3, 3)(q, keys, values)
-    alone = decode_kernel.StepAttention(lengths[:1], 3, 3)(q[:1], keys, values)
+    qkv, cos, sin = step_inputs(5, 3, 3, 64, seed=2)
+    positions = torch.tensor([31, 4, 11, 0, 29])
+    together = decode_kernel.DecodeStep(positions, cos, sin, 3, 3)(qkv, keys.clone(), values.clone())
+    alone = decode_kernel.DecodeStep(positions[:1], cos[:1], sin[:1], 3, 3)(qkv[:1], keys, values)
     assert torch.equal(together[:1], alone)  # the same bits, batched or not
 
 
 @needs_kernel
 def test_rows_past_the_capacity_are_refused():
     keys, values = storage(slots=2, key_heads=1, capacity=8, dim=64)
-    q = torch.randn(2, 1, 1, 64)
+    qkv, cos, sin = step_inputs(2, 1, 1, 64)
+    with pytest.raises(AssertionError, match="fit in the storage"):
+        decode_kernel.DecodeStep(torch.tensor([7, 8]), cos, sin, 1, 1)(qkv, keys, values)
     with pytest.raises(AssertionError):
-        decode_kernel.StepAttention(torch.tensor([8, 9]), 1, 1)(q, keys, values)
-    with pytest.raises(AssertionError):
-        decode_kernel.StepAttention(torch.tensor([0, 3]), 1, 1)
+        decode_kernel.DecodeStep(torch.tensor([-1, 3]), cos, sin, 1, 1)
+    with pytest.raises(AssertionError, match="query heads"):  # qkv of another head layout
+        decode_kernel.DecodeStep(torch.tensor([1, 3]), cos, sin, 1, 1)(qkv[:, :2], keys, values)
 
 
 @needs_kernel
@@ -76,8 +100,8 @@ def test_lean_generation_samples_the_same_with_and_without_the_kernel(tmp_path, 
         return lean_generate(model, prompts, 3, Sampling(20, 1.0), [1], 0, torch.Generator().manual_seed(5), slots=4)[0]
 
     calls = []
-    real = decode_kernel.StepAttention.__call__
-    monkeypatch.setattr(decode_kernel.StepAttention, "__call__", lambda self, *a: calls.append(1) or real(self, *a))
+    real = decode_kernel.DecodeStep.__call__
+    monkeypatch.setattr(decode_kernel.DecodeStep, "__call__", lambda self, *a: calls.append(1) or real(self, *a))
     with_kernel = generate()
     assert calls  # the kernel did run
     monkeypatch.setattr(decode_kernel, "_loaded", [None])  # as with THINKRL_DECODE_KERNEL=0

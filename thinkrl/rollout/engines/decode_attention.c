@@ -1,14 +1,17 @@
 /* One decode step's attention for the lean decoder (lean_decoder.py), float32 on the CPU.
 
-   For every (row r, key head h): the G query heads that share key head h attend to the first len[r]
-   positions of that row's keys and values, with a plain softmax (no mask: a row's length is its mask).
-   Storage is the decoder's (slots, key heads, capacity, head dim) tensor, so row r's keys for head h are
-   len[r] contiguous vectors of `dim` floats.
+   For every (row r, key head h): rotate the new key (rotary embedding, the rotate-half form of Llama and
+   Qwen2) and store it with the new value at the row's position pos[r]; rotate the G query heads that share
+   key head h; attend over the row's first pos[r] + 1 positions with a plain softmax (no mask: a row's
+   length is its mask). Storage is the decoder's (slots, key heads, capacity, head dim) tensor, so row r's
+   keys for head h are contiguous vectors of `dim` floats.
 
    Why a kernel: torch's CPU SDPA (and a matmul formulation) spent 1.5-4x the time it takes to read the keys
    and values once, for 3 queries per key head; see decode_kernel.py for the numbers. Here each (row, head)
    reads its keys once (scores into a scratch row), then its values once per query head while they sit in
-   cache. Rows are independent: a row's output never depends on which other rows share the step.
+   cache. Doing the rotation and the store here too replaces about ten small torch operations per layer
+   (rotate-half, the products, the copies that reorder q and k, the two storage writes). Rows are
+   independent: a row's output never depends on which other rows share the step.
 
    Built by decode_kernel.py with -O3 -march=native -ffast-math (fast math lets the compiler use the
    vectorised expf); threads come from OpenMP when the process already runs torch's libgomp. */
@@ -80,23 +83,36 @@ static void head_any(const float *q, const float *k, const float *v, float *o, l
   }
 }
 
-/* q and out: (n, hk, g, dim) contiguous; k and v: storage whose slot r starts at r * slot_stride floats,
-   head h at h * capacity * dim within it; len: (n,) positions per row, each in [1, capacity]; scratch:
-   n * hk * g * max_len floats. */
-void decode_attention(const float *q, const float *k, const float *v, float *out, const long *len, long n,
-                      long hk, long g, long dim, long capacity, long slot_stride, float scale, float *scratch,
-                      long max_len) {
+/* y = x cos + rotate_half(x) sin, rotate_half(x) = (-x[half:], x[:half]) (transformers' apply_rotary_pos_emb). */
+static inline void rotate(const float *x, const float *c, const float *s, float *y, long dim) {
+  long half = dim / 2;
+  for (long d = 0; d < half; d++) y[d] = x[d] * c[d] - x[d + half] * s[d];
+  for (long d = half; d < dim; d++) y[d] = x[d] * c[d] + x[d - half] * s[d];
+}
+
+/* qkv: (n, hq + 2 hk, dim) contiguous, one row's q heads, then its k heads, then its v heads (query head
+   h * g + j uses key head h); cos, sin: (n, dim); k and v: storage whose slot r starts at r * slot_stride
+   floats, head h at h * capacity * dim within it; pos: (n,) the new token's position per row, each in
+   [0, capacity); out: (n, hq, dim); scratch: n * hk * g * (dim + max_len) floats, max_len >= pos + 1. */
+void decode_step(const float *qkv, const float *cos, const float *sin, float *k, float *v, float *out,
+                 const long *pos, long n, long hk, long g, long dim, long capacity, long slot_stride, float scale,
+                 float *scratch, long max_len) {
+  long hq = hk * g;
 #pragma omp parallel for schedule(static)
   for (long task = 0; task < n * hk; task++) {
-    long r = task / hk, h = task % hk;
-    const float *kk = k + r * slot_stride + h * capacity * dim, *vv = v + r * slot_stride + h * capacity * dim;
-    const float *qq = q + task * g * dim;
-    float *oo = out + task * g * dim, *s = scratch + task * g * max_len;
+    long r = task / hk, h = task % hk, at = pos[r];
+    const float *row = qkv + r * (hq + 2 * hk) * dim, *c = cos + r * dim, *s = sin + r * dim;
+    float *kk = k + r * slot_stride + h * capacity * dim, *vv = v + r * slot_stride + h * capacity * dim;
+    float *q = scratch + task * g * (dim + max_len), *scores = q + g * dim;
+    rotate(row + (hq + h) * dim, c, s, kk + at * dim, dim);
+    memcpy(vv + at * dim, row + (hq + hk + h) * dim, sizeof(float) * dim);
+    for (long j = 0; j < g; j++) rotate(row + (h * g + j) * dim, c, s, q + j * dim, dim);
+    float *o = out + (r * hq + h * g) * dim;
     if (dim == 64)
-      head_64(qq, kk, vv, oo, len[r], g, scale, s);
+      head_64(q, kk, vv, o, at + 1, g, scale, scores);
     else if (dim == 128)
-      head_128(qq, kk, vv, oo, len[r], g, scale, s);
+      head_128(q, kk, vv, o, at + 1, g, scale, scores);
     else
-      head_any(qq, kk, vv, oo, len[r], g, dim, scale, s);
+      head_any(q, kk, vv, o, at + 1, g, dim, scale, scores);
   }
 }

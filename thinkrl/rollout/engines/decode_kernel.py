@@ -6,8 +6,11 @@ keys and values once; that read is the floor. Measured on this project's 2-core 
 heads of 64 dims, 30 layers' storage so every layer's keys come from memory, per layer, three runs):
 torch's SDPA 0.36-0.40 / 1.3-1.7 / 2.6-3.0 ms at 100 / 600 / 1,100 positions, this kernel 0.16-0.18 /
 0.64-0.69 / 1.0-1.5 ms. Whole generations (SmolLM2-135M, 16 rows, alternating in one process): 64 tokens
-4.66 -> 4.41 s, 512 tokens 47.6 -> 37.8 s. Each row's output depends on its own keys alone, so a row decodes
-to the same bits whatever shares its step; against SDPA it differs by summation order (~3e-7).
+4.66 -> 4.41 s, 512 tokens 47.6 -> 37.8 s. Since then the kernel also applies the rotary embedding and
+stores the new key and value (one call where about ten small torch operations per layer were): a decode
+step at 16 rows, 64 tokens, went from 54-63 to 49-52 ms (alternating processes). Each row's output depends
+on its own keys alone, so a row decodes to the same bits whatever shares its step; against SDPA it differs by
+summation order (~3e-7).
 
 Built by thinkrl/native.py once per source, compiler and CPU (it is compiled for the CPU it runs on:
 -march=native; $CC, else cc or gcc); about half a second. Threads: OpenMP, only when
@@ -44,33 +47,38 @@ def usable(storage: Tensor) -> bool:
     return storage.device.type == "cpu" and storage.dtype == torch.float32 and storage.is_contiguous() and load() is not None
 
 
-class StepAttention:
-    """The attention calls of one decode step (one per layer) over rows whose lengths are given: the lengths,
-    the scratch and the checks are prepared once per step, not once per layer."""
+class DecodeStep:
+    """The attention calls of one decode step (one per layer): each stores the new keys and values and
+    attends. The positions, rotary tables, scratch and checks are prepared once per step, not once per layer."""
 
-    def __init__(self, lengths: Tensor, key_heads: int, group: int) -> None:
-        """lengths (n,): how many stored positions each row attends to, each >= 1; `group` query heads share
-        each of the `key_heads` key heads."""
-        self.lengths = lengths.to(device="cpu", dtype=torch.long).contiguous()  # (n,)
-        self.longest = int(self.lengths.max())
-        assert int(self.lengths.min()) >= 1, "every row attends to at least its own position"
-        self.scratch = torch.empty(len(lengths) * key_heads * group * self.longest)  # the softmax rows
+    def __init__(self, positions: Tensor, cos: Tensor, sin: Tensor, key_heads: int, group: int) -> None:
+        """positions (n,): where each row's new token goes (it then attends to positions + 1 stored
+        positions); cos, sin (n, D): its rotary tables; `group` query heads share each of the `key_heads`."""
+        self.positions = positions.to(device="cpu", dtype=torch.long).contiguous()  # (n,)
+        n, D = cos.shape
+        assert sin.shape == cos.shape and len(self.positions) == n and int(self.positions.min()) >= 0
+        self.cos, self.sin = cos.float().contiguous(), sin.float().contiguous()
+        self.Hk, self.G, self.D = key_heads, group, D
+        self.longest = int(self.positions.max()) + 1
+        self.scratch = torch.empty(n * key_heads * group * (D + self.longest))  # rotated queries, softmax rows
         self.fn = load()
         assert self.fn is not None, "check usable() first"
 
-    def __call__(self, q: Tensor, keys: Tensor, values: Tensor) -> Tensor:
-        """q (n, Hk, G, D) against the first lengths[r] positions of storage row r of keys and values
-        (S, Hk, C, D), S >= n.  -> (n, Hk, G, D)"""
-        n, Hk, G, D = q.shape
-        q = q.contiguous()
-        assert q.dtype == keys.dtype == values.dtype == torch.float32 and keys.is_contiguous() and values.is_contiguous()
-        assert keys.shape == values.shape and keys.shape[0] >= n == len(self.lengths) and keys.shape[1] == Hk and keys.shape[3] == D
-        assert self.longest <= keys.shape[2] and n * Hk * G * self.longest <= self.scratch.numel()
-        out = torch.empty_like(q)
+    def __call__(self, qkv: Tensor, keys: Tensor, values: Tensor) -> Tensor:
+        """qkv (n, Hq + 2 Hk, D) before the rotary embedding; keys, values (S, Hk, C, D), S >= n, get row r's
+        new key and value at positions[r].  -> (n, Hq, D) each query head's attention output."""
+        n, Hk, G, D = len(self.positions), self.Hk, self.G, self.D
+        qkv = qkv.contiguous()
+        assert qkv.dtype == keys.dtype == values.dtype == torch.float32 and keys.is_contiguous() and values.is_contiguous()
+        assert qkv.shape == (n, Hk * G + 2 * Hk, D), "qkv is (rows, query heads + 2 key heads, head dim)"
+        assert keys.shape == values.shape and keys.shape[0] >= n and keys.shape[1] == Hk and keys.shape[3] == D
+        assert self.longest <= keys.shape[2], "every new position must fit in the storage"
+        out = qkv.new_empty((n, Hk * G, D))
         ptr = ctypes.c_void_p
         self.fn(
-            ptr(q.data_ptr()), ptr(keys.data_ptr()), ptr(values.data_ptr()), ptr(out.data_ptr()), ptr(self.lengths.data_ptr()),
-            n, Hk, G, D, keys.shape[2], keys.stride(0), D**-0.5, ptr(self.scratch.data_ptr()), self.longest,
+            ptr(qkv.data_ptr()), ptr(self.cos.data_ptr()), ptr(self.sin.data_ptr()), ptr(keys.data_ptr()), ptr(values.data_ptr()),
+            ptr(out.data_ptr()), ptr(self.positions.data_ptr()), n, Hk, G, D, keys.shape[2], keys.stride(0), D**-0.5,
+            ptr(self.scratch.data_ptr()), self.longest,
         )  # fmt: skip
         return out
 
@@ -102,7 +110,7 @@ def _build_and_load():
     )
     if lib is None:
         return None
-    fn = lib.decode_attention
+    fn = lib.decode_step
     fn.restype = None
-    fn.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_long] * 6 + [ctypes.c_float, ctypes.c_void_p, ctypes.c_long]
+    fn.argtypes = [ctypes.c_void_p] * 7 + [ctypes.c_long] * 6 + [ctypes.c_float, ctypes.c_void_p, ctypes.c_long]
     return fn

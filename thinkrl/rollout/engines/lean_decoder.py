@@ -12,8 +12,8 @@ A finished row's slot is refilled in place by `prefill` with a new sequence: not
 finish. Once nothing waits to be refilled, `compact` packs the live rows into storage for them alone, so the
 last long rows of a batch do not grow storage for every slot. `release()` frees it (before the update phase).
 
-On the CPU in float32 a decode step's attention runs in a small C kernel (decode_kernel.py), each row over
-its own length; elsewhere in SDPA.
+On the CPU in float32 a decode step's attention (rotary embedding, key/value store, attention, each row
+over its own length) runs in a small C kernel (decode_kernel.py); elsewhere in torch operations and SDPA.
 
 Each generation call starts by packing the (just refreshed) weights for oneDNN (thinkrl/packed.py: 3.6x
 faster decode matmuls on this project's CPU, measured); `release()` drops the packed copy with the storage.
@@ -47,11 +47,6 @@ def _fuse(modules, name: str = "weight") -> Tensor | None:
         setattr(m, name, torch.nn.Parameter(fused[start : start + rows], requires_grad=False))
         start += rows
     return fused
-
-
-def _rotate_half(x: Tensor) -> Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
 
 
 class _Layer(NamedTuple):
@@ -175,30 +170,37 @@ class LeanDecoder:
     # -- the layer loop
 
     def _norm(self, x: Tensor, weight: Tensor) -> Tensor:
-        """RMSNorm as transformers computes it (float32 statistics, weight applied in the input dtype)."""
+        """RMSNorm as transformers computes it (float32 statistics, weight applied in the input dtype); in
+        float32 torch's rms_norm computes the same in one call instead of six."""
+        if x.dtype == torch.float32:
+            return F.rms_norm(x, weight.shape, weight, self.eps)
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return weight * h.to(x.dtype)
 
-    def _layers(self, tokens: Tensor, positions: Tensor, attend, store) -> Tensor:
-        """Hidden states after every layer for `tokens` (n, L) at `positions` (n, L); attend(i, q, k, v)
-        returns the attention output (n, Hq, L, D) of layer i and store(i, k, v) keeps its keys and values."""
-        n, L = tokens.shape
-        Hq, Hk, D = self.Hq, self.Hk, self.D
-        x = self.body.embed_tokens(tokens)  # (n, L, H)
-        cos, sin = self.body.rotary_emb(x, positions)  # (n, L, D) each
+    def _rotated(self, qkv: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """q (n, Hq, L, D), k and v (n, Hk, L, D) from a layer's qkv (n, L, Hq + 2 Hk, D), q and k rotated by
+        the rotary tables cos, sin (n, L, D)."""
+        Hq, Hk = self.Hq, self.Hk
         cos, sin = cos[:, :, None], sin[:, :, None]  # (n, L, 1, D) against (n, L, heads, D)
+        qk = qkv[:, :, : Hq + Hk]  # q and k heads are adjacent: one rotation serves both
+        half = torch.cat((-qk[..., self.D // 2 :], qk[..., : self.D // 2]), dim=-1)  # rotate-half
+        qk = qk * cos + half * sin  # (n, L, Hq + Hk, D)
+        q, k = qk.transpose(1, 2).split([Hq, Hk], dim=1)
+        return q, k, qkv[:, :, Hq + Hk :].transpose(1, 2)
+
+    def _layers(self, tokens: Tensor, positions: Tensor, attention) -> Tensor:
+        """Hidden states after every layer for `tokens` (n, L) at `positions` (n, L). attention(cos, sin),
+        given the pass's rotary tables (n, L, D), returns mix: mix(i, qkv) is layer i's attention, which keeps
+        the keys and values of qkv (n, L, Hq + 2 Hk, D) and returns the attention output (n, L, Hq * D)."""
+        n, L = tokens.shape
+        x = self.body.embed_tokens(tokens)  # (n, L, H)
+        mix = attention(*self.body.rotary_emb(x, positions))
         for i, (layer, (qkv_proj, o_proj, gate_up, down)) in enumerate(zip(self.layers, self.linears)):
-            qkv = qkv_proj(self._norm(x, layer.norm1)).view(n, L, Hq + 2 * Hk, D)
-            qk = qkv[:, :, : Hq + Hk]  # q and k heads are adjacent: one rotation serves both
-            qk = qk * cos + _rotate_half(qk) * sin  # (n, L, Hq + Hk, D)
-            q, k = qk.transpose(1, 2).split([Hq, Hk], dim=1)  # (n, Hq, L, D), (n, Hk, L, D)
-            v = qkv[:, :, Hq + Hk :].transpose(1, 2)  # (n, Hk, L, D)
-            store(i, k, v)
-            att = attend(i, q, k, v)  # (n, Hq, L, D)
-            x = x + o_proj(att.transpose(1, 2).reshape(n, L, Hq * D))
+            qkv = qkv_proj(self._norm(x, layer.norm1)).view(n, L, self.Hq + 2 * self.Hk, self.D)
+            x += o_proj(mix(i, qkv))  # in place: no autograd here, x is this pass's own tensor
             gate, up = gate_up(self._norm(x, layer.norm2)).chunk(2, dim=-1)
-            x = x + down(F.silu(gate) * up)
+            x += down(F.silu(gate) * up)
         return x
 
     def _logits(self, x: Tensor) -> Tensor:
@@ -220,14 +222,18 @@ class LeanDecoder:
         self._reserve(L)
         pos = torch.arange(L, device=device).expand(len(prompts), L)  # (U, L)
 
-        def store(i: int, k: Tensor, v: Tensor) -> None:  # a prompt's pad positions are overwritten later
-            self.keys[i][slots, :, :L] = k.index_select(0, which)
-            self.values[i][slots, :, :L] = v.index_select(0, which)
+        def attention(cos: Tensor, sin: Tensor):
+            def mix(i: int, qkv: Tensor) -> Tensor:
+                q, k, v = self._rotated(qkv, cos, sin)
+                self.keys[i][slots, :, :L] = k.index_select(0, which)  # a prompt's pad positions are overwritten later
+                self.values[i][slots, :, :L] = v.index_select(0, which)
+                # causal: pads come after every real token
+                att = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.Hq != self.Hk)  # (U, Hq, L, D)
+                return att.transpose(1, 2).reshape(len(prompts), L, -1)
 
-        def attend(i: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:  # causal: pads come after every real token
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.Hq != self.Hk)
+            return mix
 
-        x = self._layers(ids, pos, attend, store)  # (U, L, H)
+        x = self._layers(ids, pos, attention)  # (U, L, H)
         last = x[torch.arange(len(prompts), device=device), sizes - 1]  # (U, H) each prompt's last real token
         self.lengths[slots] = sizes[which]
         return self._logits(last).index_select(0, which)  # (k, V)
@@ -248,35 +254,48 @@ class LeanDecoder:
     def step(self, tokens: Tensor, live: Tensor) -> Tensor:
         """Logits (n, V) of the token after `tokens` (n,) in slots 0..n-1, each placed at its slot's next
         position; the lengths of `live` slots (n,) bool advance by one (the others stay empty)."""
-        n, Hq, Hk, D = tokens.shape[0], self.Hq, self.Hk, self.D
-        positions = self.lengths[:n]  # (n,) where each new token goes
+        positions = self.lengths[: tokens.shape[0]]  # (n,) where each new token goes
         end = int(positions.max()) + 1
         self._reserve(end)
-        device = tokens.device
-        # row (slot, head, position) of each layer's storage viewed as (S * Hk * C, D): one index_copy_ writes
-        # every slot's new key at its own position (cheaper than advanced-index assignment, measured)
+        attention = self._in_kernel if decode_kernel.usable(self.keys[0]) else self._in_sdpa
+        x = self._layers(tokens[:, None], positions[:, None], attention(positions, end))  # (n, 1, H)
+        self.lengths[: len(positions)] = positions + live.long()
+        return self._logits(x)[:, 0]  # (n, V)
+
+    def _in_kernel(self, positions: Tensor, end: int):
+        """A decode step's attention in the C kernel (float32 on the CPU, decode_kernel.py): it rotates, stores
+        and attends, each row over its own length (its mask)."""
+        n, Hq, Hk, D = len(positions), self.Hq, self.Hk, self.D
+
+        def attention(cos: Tensor, sin: Tensor):
+            step = decode_kernel.DecodeStep(positions, cos.view(n, D), sin.view(n, D), Hk, Hq // Hk)
+            return lambda i, qkv: step(qkv.view(n, Hq + 2 * Hk, D), self.keys[i], self.values[i]).view(n, 1, Hq * D)
+
+        return attention
+
+    def _in_sdpa(self, positions: Tensor, end: int):
+        """A decode step's attention in SDPA. Row (slot, head, position) of each layer's storage viewed as
+        (S * Hk * C, D): one index_copy_ writes every slot's new key at its own position (cheaper than
+        advanced-index assignment, measured). Rows all at one position (one prompt's group before any refill)
+        attend to every stored position there, with no mask."""
+        n, Hq, Hk, D, device = len(positions), self.Hq, self.Hk, self.D, positions.device
         heads = torch.arange(n, device=device)[:, None] * Hk + torch.arange(Hk, device=device)  # (n, Hk)
         at = (heads * self.capacity + positions[:, None]).reshape(-1)  # (n Hk,)
-        # float32 on the CPU: the C kernel (decode_kernel.py), where each row's length is its mask. Otherwise
-        # SDPA; rows all at one position (one prompt's group before any refill) attend to every stored
-        # position there, with no mask
-        kernel = decode_kernel.StepAttention(positions + 1, Hk, Hq // Hk) if decode_kernel.usable(self.keys[0]) else None
-        aligned = kernel is not None or int(positions.min()) == end - 1
+        aligned = int(positions.min()) == end - 1
         mask = None if aligned else (torch.arange(end, device=device)[None] <= positions[:, None])[:, None, None]  # (n, 1, 1, end)
 
-        def store(i: int, k: Tensor, v: Tensor) -> None:
-            self.keys[i].view(-1, D).index_copy_(0, at, k.reshape(n * Hk, D))
-            self.values[i].view(-1, D).index_copy_(0, at, v.reshape(n * Hk, D))
+        def attention(cos: Tensor, sin: Tensor):
+            def mix(i: int, qkv: Tensor) -> Tensor:
+                q, k, v = self._rotated(qkv, cos, sin)
+                self.keys[i].view(-1, D).index_copy_(0, at, k.reshape(n * Hk, D))
+                self.values[i].view(-1, D).index_copy_(0, at, v.reshape(n * Hk, D))
+                # the Hq / Hk query heads that share a key head go in as that head's queries: one attention per
+                # key head instead of repeating keys per query head (enable_gqa): 6-40% less attention time on
+                # CPU, measured
+                grouped = q.reshape(n, Hk, Hq // Hk, D)  # (n, Hk, G, D)
+                keys, values = self.keys[i][:n, :, :end], self.values[i][:n, :, :end]  # (n, Hk, end, D) views
+                return F.scaled_dot_product_attention(grouped, keys, values, attn_mask=mask).view(n, 1, Hq * D)
 
-        def attend(i: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-            # the Hq / Hk query heads that share a key head go in as that head's queries: one attention per key
-            # head instead of repeating keys per query head (enable_gqa): 6-40% less attention time on CPU, measured
-            grouped = q.reshape(n, Hk, Hq // Hk, D)  # (n, Hk, G, D)
-            if kernel is not None:
-                return kernel(grouped, self.keys[i], self.values[i]).view(n, Hq, 1, D)
-            keys, values = self.keys[i][:n, :, :end], self.values[i][:n, :, :end]  # (n, Hk, end, D) views
-            return F.scaled_dot_product_attention(grouped, keys, values, attn_mask=mask).view(n, Hq, 1, D)
+            return mix
 
-        x = self._layers(tokens[:, None], positions[:, None], attend, store)  # (n, 1, H)
-        self.lengths[:n] = positions + live.long()
-        return self._logits(x)[:, 0]  # (n, V)
+        return attention
