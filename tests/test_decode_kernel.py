@@ -47,7 +47,7 @@ def reference(qkv, cos, sin, keys, values, positions, key_heads):
 
 @needs_kernel
 @pytest.mark.parametrize("dim", [64, 128, 8, 48])  # the two unrolled head sizes and the general code
-@pytest.mark.parametrize("group", [1, 3])
+@pytest.mark.parametrize("group", [1, 3, 5])  # blocks of queries: whole, split, with a remainder
 def test_the_kernel_rotates_stores_and_computes_masked_attention(dim, group):
     keys, values = storage(slots=6, key_heads=2, capacity=40, dim=dim)
     qkv, cos, sin = step_inputs(4, 2, group, dim)

@@ -19,7 +19,8 @@ def processed_logp(logits: Tensor, s: Sampling) -> Tensor:
     logits = logits.float()  # (B, V)
     if s.temperature == 0:
         return torch.log_softmax(logits, -1)
-    logits = logits / s.temperature
+    if s.temperature != 1.0:  # dividing by 1 changes no bit but costs a pass over (B, V)
+        logits = logits / s.temperature
     if s.top_k > 0:
         kth = torch.topk(logits, min(s.top_k, logits.shape[-1]), dim=-1).values[:, -1:]  # (B, 1)
         logits = logits.masked_fill(logits < kth, float("-inf"))

@@ -8,7 +8,9 @@ torch's SDPA 0.36-0.40 / 1.3-1.7 / 2.6-3.0 ms at 100 / 600 / 1,100 positions, th
 0.64-0.69 / 1.0-1.5 ms. Whole generations (SmolLM2-135M, 16 rows, alternating in one process): 64 tokens
 4.66 -> 4.41 s, 512 tokens 47.6 -> 37.8 s. Since then the kernel also applies the rotary embedding and
 stores the new key and value (one call where about ten small torch operations per layer were): a decode
-step at 16 rows, 64 tokens, went from 54-63 to 49-52 ms (alternating processes). Each row's output depends
+step at 16 rows, 64 tokens, went from 54-63 to 49-52 ms (alternating processes); with the values read once
+per block of query heads, whole generations went 4.49 -> 4.21-4.30 s at 64 tokens and 39.5-40.1 -> 31.3-35.4
+s at 512 (docs/engines.md). Each row's output depends
 on its own keys alone, so a row decodes to the same bits whatever shares its step; against SDPA it differs by
 summation order (~3e-7).
 
