@@ -80,6 +80,8 @@ def test_rows_past_the_capacity_are_refused():
         decode_kernel.DecodeStep(torch.tensor([7, 8]), cos, sin, 1, 1)(qkv, keys, values)
     with pytest.raises(AssertionError):
         decode_kernel.DecodeStep(torch.tensor([-1, 3]), cos, sin, 1, 1)
+    with pytest.raises(AssertionError, match="even head dim"):  # rotate-half pairs the two halves
+        decode_kernel.DecodeStep(torch.tensor([1]), torch.ones(1, 7), torch.ones(1, 7), 1, 1)
     with pytest.raises(AssertionError, match="query heads"):  # qkv of another head layout
         decode_kernel.DecodeStep(torch.tensor([1, 3]), cos, sin, 1, 1)(qkv[:, :2], keys, values)
 

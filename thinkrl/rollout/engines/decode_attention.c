@@ -9,9 +9,10 @@
    Why a kernel: torch's CPU SDPA (and a matmul formulation) spent 1.5-4x the time it takes to read the keys
    and values once, for 3 queries per key head; see decode_kernel.py for the numbers. Here each (row, head)
    reads its keys once (scores into a scratch row), then its values once for a block of up to 4 query heads
-   (one read per query head was 15-20% slower at 600-1,100 positions, measured). Doing the rotation and the store here too replaces about ten small torch operations per layer
-   (rotate-half, the products, the copies that reorder q and k, the two storage writes). Rows are
-   independent: a row's output never depends on which other rows share the step.
+   (one read per query head was 15-20% slower at 600-1,100 positions, measured). Doing the rotation and the
+   store here too replaces about ten small torch operations per layer (rotate-half, the products, the
+   copies that reorder q and k, the two storage writes). Rows are independent: a row's output never depends
+   on which other rows share the step.
 
    Built by decode_kernel.py with -O3 -march=native -ffast-math (fast math lets the compiler use the
    vectorised expf); threads come from OpenMP when the process already runs torch's libgomp. */

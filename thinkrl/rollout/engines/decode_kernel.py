@@ -10,9 +10,8 @@ torch's SDPA 0.36-0.40 / 1.3-1.7 / 2.6-3.0 ms at 100 / 600 / 1,100 positions, th
 stores the new key and value (one call where about ten small torch operations per layer were): a decode
 step at 16 rows, 64 tokens, went from 54-63 to 49-52 ms (alternating processes); with the values read once
 per block of query heads, whole generations went 4.49 -> 4.21-4.30 s at 64 tokens and 39.5-40.1 -> 31.3-35.4
-s at 512 (docs/engines.md). Each row's output depends
-on its own keys alone, so a row decodes to the same bits whatever shares its step; against SDPA it differs by
-summation order (~3e-7).
+s at 512 (docs/engines.md). Each row's output depends on its own keys alone, so a row decodes to the same
+bits whatever shares its step; against SDPA it differs by summation order (~3e-7).
 
 Built by thinkrl/native.py once per source, compiler and CPU (it is compiled for the CPU it runs on:
 -march=native; $CC, else cc or gcc); about half a second. Threads: OpenMP, only when
@@ -59,6 +58,7 @@ class DecodeStep:
         self.positions = positions.to(device="cpu", dtype=torch.long).contiguous()  # (n,)
         n, D = cos.shape
         assert sin.shape == cos.shape and len(self.positions) == n and int(self.positions.min()) >= 0
+        assert D % 2 == 0, "the rotate-half rotary embedding needs an even head dim"
         self.cos, self.sin = cos.float().contiguous(), sin.float().contiguous()
         self.Hk, self.G, self.D = key_heads, group, D
         self.longest = int(self.positions.max()) + 1

@@ -171,7 +171,7 @@ class LeanDecoder:
 
     def _norm(self, x: Tensor, weight: Tensor) -> Tensor:
         """RMSNorm as transformers computes it (float32 statistics, weight applied in the input dtype); in
-        float32 torch's rms_norm computes the same in one call instead of six."""
+        float32 as torch's one rms_norm call (the same steps; bit-equal in a check here) instead of six."""
         if x.dtype == torch.float32:
             return F.rms_norm(x, weight.shape, weight, self.eps)
         h = x.float()
@@ -263,8 +263,7 @@ class LeanDecoder:
         return self._logits(x)[:, 0]  # (n, V)
 
     def _in_kernel(self, positions: Tensor, end: int):
-        """A decode step's attention in the C kernel (float32 on the CPU, decode_kernel.py): it rotates, stores
-        and attends, each row over its own length (its mask)."""
+        """A decode step's attention in the C kernel (float32 CPU, decode_kernel.py): rotate, store, attend."""
         n, Hq, Hk, D = len(positions), self.Hq, self.Hk, self.D
 
         def attention(cos: Tensor, sin: Tensor):
