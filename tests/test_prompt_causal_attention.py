@@ -57,13 +57,42 @@ def test_unpadded_prompts_take_the_causal_form_with_the_masked_values_and_gradie
     assert model.config._attn_implementation == "sdpa"
     layers = model.config.num_hidden_layers
     causal = _completion_causal(sdpa_calls)
-    # each layer's completion pass (and its replay in the backward when checkpointed): maskless, 5 + 6 queries
-    assert causal == [(True, False, 11, 11)] * layers * (2 if checkpoint else 1)
+    # each layer's completion pass: maskless, 5 + 6 queries; a checkpointed layer calls the kernel itself (next test)
+    assert causal == ([] if checkpoint else [(True, False, 11, 11)] * layers)
     torch.testing.assert_close(got[0], plain[0], rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(got[1], plain[1], rtol=1e-5, atol=1e-6)
     assert got[2].keys() == plain[2].keys()
     for name in plain[2]:
         torch.testing.assert_close(got[2][name], plain[2][name], rtol=1e-4, atol=1e-6)
+
+
+def test_a_checkpointed_layer_keeps_its_attention_output_for_the_replay(tiny_model_dir, monkeypatch):
+    """The replay reuses the forward's attention output instead of running the kernel again, with the values and
+    gradients of an unchanged replay and of no checkpointing, to the bit."""
+    import contextlib
+
+    from tiny import tiny_lora_model
+
+    monkeypatch.setattr(attention, "MIN_COMPLETION", 4)
+    model = tiny_lora_model(tiny_model_dir)
+    prompts = [[4, 65, 24, 17, 36], [4, 65, 24, 17, 36], [4, 70, 71, 72, 5]]
+    completions, mask = _completions([6, 3, 5], 6)
+
+    def run(checkpoint):
+        with attention.prompt_causal_attention(model.config), torch.profiler.profile() as prof:
+            got = _pass(model, prompts, completions, mask, checkpoint)
+        runs = {e.key: e.count for e in prof.key_averages()}.get("aten::_scaled_dot_product_flash_attention_for_cpu", 0)
+        return runs, got
+
+    layers = model.config.num_hidden_layers
+    plain_runs, plain = run(False)
+    kept_runs, kept = run(True)
+    monkeypatch.setattr(attention, "kept_in_replay", lambda: (contextlib.nullcontext(), contextlib.nullcontext()))
+    replayed_runs, replayed = run(True)  # the replay recomputes the attention like every other operation
+    assert (plain_runs, kept_runs, replayed_runs) == (2 * layers, 2 * layers, 3 * layers)  # prompt, completion (, replay)
+    for got in (kept, replayed):
+        assert torch.equal(got[0], plain[0]) and torch.equal(got[1], plain[1])
+        assert got[2].keys() == plain[2].keys() and all(torch.equal(got[2][n], plain[2][n]) for n in plain[2])
 
 
 def test_padded_prompts_and_short_completions_keep_the_mask(tiny_model_dir, sdpa_calls, monkeypatch):

@@ -96,11 +96,14 @@ def _decoder_layers(body, config) -> torch.nn.ModuleList:
 def _checkpointed(layers: torch.nn.ModuleList):
     """A block inside which each decoder layer runs under torch.utils.checkpoint (non-reentrant): its
     activations are dropped after the forward and recomputed, by the same operations on the same inputs,
-    in the backward. Memory per layer is its input alone; values and gradients do not change."""
+    in the backward, but for the long causal attention's output, which is kept (attention.kept_in_replay).
+    Memory per layer is its input and that output; values and gradients do not change."""
     from torch.utils.checkpoint import checkpoint as replay
 
     def replayed(forward):
-        return lambda *args, **kwargs: replay(functools.partial(forward, **kwargs), *args, use_reentrant=False)
+        return lambda *args, **kwargs: replay(
+            functools.partial(forward, **kwargs), *args, use_reentrant=False, context_fn=attention.kept_in_replay
+        )
 
     return forwards_replaced({layer: replayed(layer.forward) for layer in layers})
 
