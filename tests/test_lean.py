@@ -178,3 +178,26 @@ def test_the_recorder_keeps_every_step_across_its_growth():
     assert comp.tokens[0].tolist() == list(range(70)) and comp.tokens[1, 50:].eq(-1).all()
     assert comp.behav_logp[0, 69] == -69.0 and comp.topk_ids.shape == (2, 70, 2)
     assert comp.topk_ids[0, 0].tolist() == [1, 0] and torch.allclose(comp.entropy[1, :50], torch.tensor(0.6931), atol=1e-4)
+
+
+def test_grown_storage_hands_each_old_block_back_at_once(llama, monkeypatch):
+    """Growing key/value storage empties the CPU block cache after each replaced tensor: storage only grows, so
+    no later request would fit a kept old block, which would stay resident to the end of the generation."""
+    from thinkrl import allocator
+
+    events, reserve = [], LeanDecoder._reserve
+
+    def counted(self, positions):
+        before = self.capacity
+        reserve(self, positions)
+        if self.capacity != before:
+            events.append("grow")
+
+    monkeypatch.setattr(LeanDecoder, "_reserve", counted)
+    monkeypatch.setattr(allocator, "release", lambda: events.append("release"))
+    _, stats = lean_generate(llama, PROMPTS, 1, Sampling(3 * CHUNK, 1.0), [], 0, torch.Generator().manual_seed(1), slots=3)
+    growths = events.count("grow")
+    assert growths >= 2 and stats["generate/kv_capacity"] > CHUNK  # 0 -> CHUNK -> more
+    per_growth = ["release"] * 2 * llama.config.num_hidden_layers + ["grow"]  # each key and each value tensor, then done
+    assert events[: growths * len(per_growth)] == per_growth * growths
+    assert events[growths * len(per_growth) :] == ["release"]  # and once at the end of the call, as before

@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from thinkrl import allocator
 from thinkrl.packed import PackedLinear
 from thinkrl.rollout.engines import decode_kernel
 
@@ -151,11 +152,13 @@ class LeanDecoder:
         new = max(positions, self.capacity + max(CHUNK, self.capacity // 2))
         new = -(-new // CHUNK) * CHUNK
         for store in (self.keys, self.values):
-            for i, old in enumerate(store):
+            for i in range(len(store)):
                 # zeros, not empty: masked positions still enter attention as 0 x value, and 0 x NaN is NaN
-                grown = old.new_zeros((old.shape[0], self.Hk, new, self.D))
-                grown[:, :, : old.shape[2]] = old
+                grown = store[i].new_zeros((store[i].shape[0], self.Hk, new, self.D))
+                grown[:, :, : store[i].shape[2]] = store[i]
                 store[i] = grown
+                # the old block goes to the system now, not to the block cache: storage only grows, so nothing reuses it
+                allocator.release()
         self.peak = new
         self._measure()
 
