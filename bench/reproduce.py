@@ -169,6 +169,8 @@ def provenance() -> dict:
         "thinkrl_version": importlib.metadata.version("thinkrl"),
         "git_commit": git("rev-parse", "HEAD"),
         "git_dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+        # torch's threads in the runs (OMP_NUM_THREADS, else one per core): summation order, so the last bits, depend on it
+        "threads": int(os.environ.get("OMP_NUM_THREADS") or os.cpu_count() or 1),
     }
 
 
