@@ -151,16 +151,25 @@ class LeanDecoder:
             return
         new = max(positions, self.capacity + max(CHUNK, self.capacity // 2))
         new = -(-new // CHUNK) * CHUNK
-        for store in (self.keys, self.values):
-            for i in range(len(store)):
-                # zeros, not empty: masked positions still enter attention as 0 x value, and 0 x NaN is NaN
-                grown = store[i].new_zeros((store[i].shape[0], self.Hk, new, self.D))
-                grown[:, :, : store[i].shape[2]] = store[i]
-                store[i] = grown
-                # the old block goes to the system now, not to the block cache: storage only grows, so nothing reuses it
-                allocator.release()
+
+        def grown(kv: Tensor) -> Tensor:
+            # zeros, not empty: masked positions still enter attention as 0 x value, and 0 x NaN is NaN
+            out = kv.new_zeros((kv.shape[0], self.Hk, new, self.D))
+            out[:, :, : kv.shape[2]] = kv
+            return out
+
+        self._remake(grown)
         self.peak = new
         self._measure()
+
+    def _remake(self, make) -> None:
+        """Replace every key and value tensor kv by make(kv). Each old block goes back to the system at once,
+        not into the CPU block cache (allocator.py), where it would stay resident to the end of the generation:
+        storage is only ever remade at other sizes, so no later request would fit it."""
+        for store in (self.keys, self.values):
+            for i in range(len(store)):
+                store[i] = make(store[i])
+                allocator.release()
 
     def _measure(self) -> None:
         held = sum(kv.numel() * kv.element_size() for store in (self.keys, self.values) for kv in store)
@@ -246,11 +255,13 @@ class LeanDecoder:
         """Keep only the sequences of slots src, packed into the first len(src) slots of storage sized for them
         alone: once few rows are live, later steps and later growth cost what those rows need."""
         n, end = len(src), int(self.lengths[src].max()) if len(src) else 0
-        for store in (self.keys, self.values):
-            for i, kv in enumerate(store):
-                packed = kv.new_zeros((n, self.Hk, kv.shape[2], self.D))
-                packed[:, :, :end] = kv[src, :, :end]
-                store[i] = packed
+
+        def packed(kv: Tensor) -> Tensor:
+            out = kv.new_zeros((n, self.Hk, kv.shape[2], self.D))
+            out[:, :, :end] = kv[src, :, :end]
+            return out
+
+        self._remake(packed)
         self.lengths = self.lengths[src].clone()
 
     @torch.no_grad()
