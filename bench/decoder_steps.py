@@ -45,7 +45,8 @@ def main() -> None:
         new.reset(B)
         new.prefill(torch.arange(B), [prompt[:-1]], torch.zeros(B, dtype=torch.long))
         cache = [
-            types.SimpleNamespace(keys=k[:, :, : L - 1].clone(), values=v[:, :, : L - 1].clone()) for k, v in zip(new.keys, new.values)
+            types.SimpleNamespace(keys=k[:, :, : L - 1].clone(), values=v[:, :, : L - 1].clone())
+            for k, v in zip(new.kv.keys, new.kv.values, strict=True)
         ]
         old.start(types.SimpleNamespace(layers=cache), None, T)  # the same keys and values, no padding
         tokens, live = torch.full((B,), prompt[-1]), torch.ones(B, dtype=torch.bool)

@@ -10,8 +10,9 @@ from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from thinkrl.rollout.completions import Sampling
 from thinkrl.rollout.engines.lean import lean_generate
-from thinkrl.rollout.engines.lean_decoder import CHUNK, LeanDecoder
+from thinkrl.rollout.engines.lean_decoder import LeanDecoder
 from thinkrl.rollout.engines.reference import reference_generate
+from thinkrl.rollout.engines.slot_storage import CHUNK, SlotStorage
 
 PROMPTS = [[4, 65, 24, 17, 36], [4, 70, 71, 72, 73, 74, 75, 76, 5], [9, 9, 8]]  # lengths 5, 9, 3: left padding
 
@@ -185,7 +186,7 @@ def test_grown_storage_hands_each_old_block_back_at_once(llama, monkeypatch):
     no later request would fit a kept old block, which would stay resident to the end of the generation."""
     from thinkrl import allocator
 
-    events, reserve = [], LeanDecoder._reserve
+    events, reserve = [], SlotStorage.reserve
 
     def counted(self, positions):
         before = self.capacity
@@ -193,7 +194,7 @@ def test_grown_storage_hands_each_old_block_back_at_once(llama, monkeypatch):
         if self.capacity != before:
             events.append("grow")
 
-    monkeypatch.setattr(LeanDecoder, "_reserve", counted)
+    monkeypatch.setattr(SlotStorage, "reserve", counted)
     monkeypatch.setattr(allocator, "release", lambda: events.append("release"))
     _, stats = lean_generate(llama, PROMPTS, 1, Sampling(3 * CHUNK, 1.0), [], 0, torch.Generator().manual_seed(1), slots=3)
     growths = events.count("grow")
@@ -201,3 +202,26 @@ def test_grown_storage_hands_each_old_block_back_at_once(llama, monkeypatch):
     per_growth = ["release"] * 2 * llama.config.num_hidden_layers + ["grow"]  # each key and each value tensor, then done
     assert events[: growths * len(per_growth)] == per_growth * growths
     assert events[growths * len(per_growth) :] == ["release"]  # and once at the end of the call, as before
+
+
+def test_compaction_keeps_the_live_rows_and_hands_back_each_old_tensor(monkeypatch):
+    """compact() moves the live slots' keys and values (up to the longest of them) into the lowest slots of storage
+    sized for them alone, and the old tensors go back to the system one at a time, each as soon as it is replaced."""
+    from thinkrl import allocator
+
+    store = SlotStorage(layers=3, Hk=2, D=4)
+    store.reset(5, torch.zeros(1))
+    store.reserve(10)
+    for kv in store.keys + store.values:
+        kv.copy_(torch.randn_like(kv))
+    store.lengths = torch.tensor([9, 3, 0, 7, 2])
+    before = [kv.clone() for kv in store.keys + store.values]
+    replaced = []  # at each release: how many tensors have the new, compacted size
+    monkeypatch.setattr(allocator, "release", lambda: replaced.append(sum(kv.shape[0] == 2 for kv in store.keys + store.values)))
+    store.compact(torch.tensor([1, 3]))
+    assert replaced == list(range(1, 7))  # one release per replaced tensor, right after it
+    assert store.lengths.tolist() == [3, 7] and store.capacity == before[0].shape[2]
+    for old, new in zip(before, store.keys + store.values):
+        assert new.shape == (2, 2, old.shape[2], 4)
+        assert torch.equal(new[:, :, :7], old[[1, 3], :, :7])  # up to the longest live row
+        assert new[:, :, 7:].eq(0).all()  # the rest zeros, never stale values

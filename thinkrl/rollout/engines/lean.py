@@ -14,7 +14,7 @@ Each step draws one token per live row through thinkrl/rollout/sampling.py, so b
 under the tempered and truncated distribution, as with every engine; a request's random draws depend only
 on (the call's seed, request, position), so the number of slots and the refill order change nothing. A
 model the lean decoder does not cover is decoded by the reference loop (reference.py) in batches of `slots`
-rows. Memory: the storage holds the active slots x the longest live row (see lean_decoder.py).
+rows. Memory: the storage holds the active slots x the longest live row (see slot_storage.py).
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def lean_generate(
             parts.append(reference_generate(model, batch, group_size, sampling, eos_ids, pad_id, *args))
         return Completions.cat(parts, pad_id), {}
     dec = LeanDecoder.for_model(model)
-    device = dec.lengths.device if dec.lengths.numel() else next(model.parameters()).device
+    device = dec.kv.lengths.device if dec.kv.lengths.numel() else next(model.parameters()).device
     dec.reset(S)
     rec = Recorder(R, pad_id, device, record_topk, record_entropy)
     limit = torch.tensor(budgets or [sampling.max_new_tokens] * R, device=device).clamp(max=sampling.max_new_tokens)  # (R,)
@@ -74,7 +74,7 @@ def lean_generate(
 
 
 def _run(dec: LeanDecoder, prompts, G: int, sampling: Sampling, eos_ids, pad_id: int, generator, rec: Recorder, limit: Tensor):
-    device, S = rec.device, len(dec.lengths)
+    device, S = rec.device, len(dec.kv.lengths)
     queue = deque(range(len(prompts) * G))  # request r answers prompt r // G
     slot_req = torch.full((S,), -1, dtype=torch.long, device=device)  # the request each slot decodes
     tokens = torch.full((S,), pad_id, dtype=torch.long, device=device)  # each slot's next input token
@@ -100,7 +100,7 @@ def _run(dec: LeanDecoder, prompts, G: int, sampling: Sampling, eos_ids, pad_id:
         tokens[idx] = tok
         gone = idx[ended | (made[idx] >= limit[req])]
         live[gone] = False
-        dec.free(gone)
+        dec.kv.free(gone)
 
     def fill(free: list[int]) -> None:
         """Start the next requests in these free slots: prefill each distinct prompt once, for every slot
@@ -134,8 +134,8 @@ def _run(dec: LeanDecoder, prompts, G: int, sampling: Sampling, eos_ids, pad_id:
             elif not queue:
                 active = _compact(dec, live, active, slot_req, tokens, made)
     share = busy_share / busy_steps if busy_steps else 1.0
-    stats = {"generate/slot_utilisation": share, "generate/decode_steps": float(steps), "generate/kv_capacity": float(dec.peak)}
-    return rec.completions(), {**stats, "generate/kv_mb": dec.peak_bytes / 2**20}
+    stats = {"generate/slot_utilisation": share, "generate/decode_steps": float(steps), "generate/kv_capacity": float(dec.kv.peak)}
+    return rec.completions(), {**stats, "generate/kv_mb": dec.kv.peak_bytes / 2**20}
 
 
 def _compact(dec: LeanDecoder, live: Tensor, active: int, *per_slot: Tensor) -> int:
@@ -146,7 +146,7 @@ def _compact(dec: LeanDecoder, live: Tensor, active: int, *per_slot: Tensor) -> 
         return active
     src = live[:active].nonzero().squeeze(-1)  # (n,)
     dst = torch.arange(n, device=src.device)
-    dec.compact(src)
+    dec.kv.compact(src)
     for t in per_slot:
         t[dst] = t[src]
     live[:active] = False

@@ -5,12 +5,9 @@ Python: module calls, hooks, mask building, cache classes, separate q/k/v and ga
 runs the same arithmetic as the transformers forward in one loop over the layers: q/k/v fused into one
 matmul and gate/up into another, the model's own rotary embedding and RMSNorm weights.
 
-Key/value storage is per slot: S slots, each holding one sequence from position 0 to lengths[s], in one
-(S, Hk, C, D) tensor per layer and per key/value. The capacity C grows in chunks as the longest live
-sequence grows (never the whole budget up front), so memory follows the longest live row, not the budget.
-A finished row's slot is refilled in place by `prefill` with a new sequence: nothing is copied when rows
-finish. Once nothing waits to be refilled, `compact` packs the live rows into storage for them alone, so the
-last long rows of a batch do not grow storage for every slot. `release()` frees it (before the update phase).
+Key/value storage is per slot (slot_storage.py): a finished row's slot is refilled in place by `prefill`
+with a new sequence, and storage follows the longest live row, not the budget. `release()` frees it (before
+the update phase).
 
 On the CPU in float32 a decode step's attention (rotary embedding, key/value store, attention, each row
 over its own length) runs in a small C kernel (decode_kernel.py); elsewhere in torch operations and SDPA.
@@ -27,12 +24,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from thinkrl import allocator
 from thinkrl.packed import PackedLinear
 from thinkrl.rollout.engines import decode_kernel
+from thinkrl.rollout.engines.slot_storage import SlotStorage
 
 SUPPORTED = ("LlamaForCausalLM", "Qwen2ForCausalLM")
-CHUNK = 64  # smallest capacity step, in positions; growth is geometric above it (amortised O(1) per token)
 
 
 def _fuse(modules, name: str = "weight") -> Tensor | None:
@@ -105,9 +101,7 @@ class LeanDecoder:
                     m.down_proj.weight,
                 )
             )
-        self.keys: list[Tensor] = []
-        self.values: list[Tensor] = []
-        self.lengths = torch.zeros(0, dtype=torch.long)
+        self.kv = SlotStorage(len(self.layers), self.Hk, self.D)
         self.linears: list[tuple[PackedLinear, ...]] = []  # per layer: qkv, o, gate/up, down (built by reset)
         self.lm_head: PackedLinear | None = None
 
@@ -125,59 +119,14 @@ class LeanDecoder:
         ]
         self.lm_head = PackedLinear(self.head.weight, self.head.bias, rows)
 
-    # -- storage
-
     def reset(self, slots: int) -> None:
-        """Empty storage for `slots` sequences (capacity grows on demand)."""
-        ref = self.layers[0].w_qkv
-        self.keys = [ref.new_empty((slots, self.Hk, 0, self.D)) for _ in self.layers]
-        self.values = [ref.new_empty((slots, self.Hk, 0, self.D)) for _ in self.layers]
-        self.lengths = torch.zeros(slots, dtype=torch.long, device=ref.device)
-        self.peak = 0  # the largest capacity this generation reached, in positions
-        self.peak_bytes = 0  # and the largest storage, in bytes
+        """Empty storage for `slots` sequences, and the weights packed for them."""
+        self.kv.reset(slots, self.layers[0].w_qkv)
         self._pack(slots)
 
     def release(self) -> None:
-        self.keys, self.values = [], []
+        self.kv.release()
         self.linears, self.lm_head = [], None
-
-    @property
-    def capacity(self) -> int:
-        return self.keys[0].shape[2] if self.keys else 0
-
-    def _reserve(self, positions: int) -> None:
-        """Room for `positions` positions in every slot: grow by at least half the capacity (and CHUNK)."""
-        if positions <= self.capacity:
-            return
-        new = max(positions, self.capacity + max(CHUNK, self.capacity // 2))
-        new = -(-new // CHUNK) * CHUNK
-
-        def grown(kv: Tensor) -> Tensor:
-            # zeros, not empty: masked positions still enter attention as 0 x value, and 0 x NaN is NaN
-            out = kv.new_zeros((kv.shape[0], self.Hk, new, self.D))
-            out[:, :, : kv.shape[2]] = kv
-            return out
-
-        self._remake(grown)
-        self.peak = new
-        self._measure()
-
-    def _remake(self, make) -> None:
-        """Replace every key and value tensor kv by make(kv). Each old block goes back to the system at once,
-        not into the CPU block cache (allocator.py), where it would stay resident to the end of the generation:
-        storage is only ever remade at other sizes, so no later request would fit it."""
-        for store in (self.keys, self.values):
-            for i in range(len(store)):
-                store[i] = make(store[i])
-                allocator.release()
-
-    def _measure(self) -> None:
-        held = sum(kv.numel() * kv.element_size() for store in (self.keys, self.values) for kv in store)
-        self.peak_bytes = max(self.peak_bytes, held)
-
-    def free(self, slots: Tensor) -> None:
-        """These slots hold nothing any more (their storage is reused by the next prefill)."""
-        self.lengths[slots] = 0
 
     # -- the layer loop
 
@@ -225,20 +174,20 @@ class LeanDecoder:
         j taking prompt which[j]: one causal pass per distinct prompt, right-padded, however many slots share
         it. lengths[slot] becomes its prompt's length. Returns the logits (k, V) of each slot's first new token,
         so a request's first token costs no decode step."""
-        device = self.lengths.device
+        device = self.kv.lengths.device
         sizes = torch.tensor([len(p) for p in prompts], device=device)  # (U,)
         L = int(sizes.max())
         ids = torch.zeros((len(prompts), L), dtype=torch.long, device=device)
         for i, p in enumerate(prompts):
             ids[i, : len(p)] = torch.tensor(p, device=device)
-        self._reserve(L)
+        self.kv.reserve(L)
         pos = torch.arange(L, device=device).expand(len(prompts), L)  # (U, L)
 
         def attention(cos: Tensor, sin: Tensor):
             def mix(i: int, qkv: Tensor) -> Tensor:
                 q, k, v = self._rotated(qkv, cos, sin)
-                self.keys[i][slots, :, :L] = k.index_select(0, which)  # a prompt's pad positions are overwritten later
-                self.values[i][slots, :, :L] = v.index_select(0, which)
+                self.kv.keys[i][slots, :, :L] = k.index_select(0, which)  # a prompt's pad positions are overwritten later
+                self.kv.values[i][slots, :, :L] = v.index_select(0, which)
                 # causal: pads come after every real token
                 att = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.Hq != self.Hk)  # (U, Hq, L, D)
                 return att.transpose(1, 2).reshape(len(prompts), L, -1)
@@ -247,33 +196,19 @@ class LeanDecoder:
 
         x = self._layers(ids, pos, attention)  # (U, L, H)
         last = x[torch.arange(len(prompts), device=device), sizes - 1]  # (U, H) each prompt's last real token
-        self.lengths[slots] = sizes[which]
+        self.kv.lengths[slots] = sizes[which]
         return self._logits(last).index_select(0, which)  # (k, V)
-
-    @torch.no_grad()
-    def compact(self, src: Tensor) -> None:
-        """Keep only the sequences of slots src, packed into the first len(src) slots of storage sized for them
-        alone: once few rows are live, later steps and later growth cost what those rows need."""
-        n, end = len(src), int(self.lengths[src].max()) if len(src) else 0
-
-        def packed(kv: Tensor) -> Tensor:
-            out = kv.new_zeros((n, self.Hk, kv.shape[2], self.D))
-            out[:, :, :end] = kv[src, :, :end]
-            return out
-
-        self._remake(packed)
-        self.lengths = self.lengths[src].clone()
 
     @torch.no_grad()
     def step(self, tokens: Tensor, live: Tensor) -> Tensor:
         """Logits (n, V) of the token after `tokens` (n,) in slots 0..n-1, each placed at its slot's next
         position; the lengths of `live` slots (n,) bool advance by one (the others stay empty)."""
-        positions = self.lengths[: tokens.shape[0]]  # (n,) where each new token goes
+        positions = self.kv.lengths[: tokens.shape[0]]  # (n,) where each new token goes
         end = int(positions.max()) + 1
-        self._reserve(end)
-        attention = self._in_kernel if decode_kernel.usable(self.keys[0]) else self._in_sdpa
+        self.kv.reserve(end)
+        attention = self._in_kernel if decode_kernel.usable(self.kv.keys[0]) else self._in_sdpa
         x = self._layers(tokens[:, None], positions[:, None], attention(positions, end))  # (n, 1, H)
-        self.lengths[: len(positions)] = positions + live.long()
+        self.kv.lengths[: len(positions)] = positions + live.long()
         return self._logits(x)[:, 0]  # (n, V)
 
     def _in_kernel(self, positions: Tensor, end: int):
@@ -282,7 +217,7 @@ class LeanDecoder:
 
         def attention(cos: Tensor, sin: Tensor):
             step = decode_kernel.DecodeStep(positions, cos.view(n, D), sin.view(n, D), Hk, Hq // Hk)
-            return lambda i, qkv: step(qkv.view(n, Hq + 2 * Hk, D), self.keys[i], self.values[i]).view(n, 1, Hq * D)
+            return lambda i, qkv: step(qkv.view(n, Hq + 2 * Hk, D), self.kv.keys[i], self.kv.values[i]).view(n, 1, Hq * D)
 
         return attention
 
@@ -293,20 +228,20 @@ class LeanDecoder:
         attend to every stored position there, with no mask."""
         n, Hq, Hk, D, device = len(positions), self.Hq, self.Hk, self.D, positions.device
         heads = torch.arange(n, device=device)[:, None] * Hk + torch.arange(Hk, device=device)  # (n, Hk)
-        at = (heads * self.capacity + positions[:, None]).reshape(-1)  # (n Hk,)
+        at = (heads * self.kv.capacity + positions[:, None]).reshape(-1)  # (n Hk,)
         aligned = int(positions.min()) == end - 1
         mask = None if aligned else (torch.arange(end, device=device)[None] <= positions[:, None])[:, None, None]  # (n, 1, 1, end)
 
         def attention(cos: Tensor, sin: Tensor):
             def mix(i: int, qkv: Tensor) -> Tensor:
                 q, k, v = self._rotated(qkv, cos, sin)
-                self.keys[i].view(-1, D).index_copy_(0, at, k.reshape(n * Hk, D))
-                self.values[i].view(-1, D).index_copy_(0, at, v.reshape(n * Hk, D))
+                self.kv.keys[i].view(-1, D).index_copy_(0, at, k.reshape(n * Hk, D))
+                self.kv.values[i].view(-1, D).index_copy_(0, at, v.reshape(n * Hk, D))
                 # the Hq / Hk query heads that share a key head go in as that head's queries: one attention per
                 # key head instead of repeating keys per query head (enable_gqa): 6-40% less attention time on
                 # CPU, measured
                 grouped = q.reshape(n, Hk, Hq // Hk, D)  # (n, Hk, G, D)
-                keys, values = self.keys[i][:n, :, :end], self.values[i][:n, :, :end]  # (n, Hk, end, D) views
+                keys, values = self.kv.keys[i][:n, :, :end], self.kv.values[i][:n, :, :end]  # (n, Hk, end, D) views
                 return F.scaled_dot_product_attention(grouped, keys, values, attn_mask=mask).view(n, 1, Hq * D)
 
             return mix
