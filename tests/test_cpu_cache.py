@@ -35,7 +35,8 @@ def test_freed_blocks_are_reused_for_requests_of_about_their_size():
         """
         allocator.CACHE_MIN, allocator.CACHE_MAX = 2**20, 64 * 2**20
         before = torch.randn(1000)  # from torch's own allocator: freed through it later
-        assert allocator.tune() is not None and allocator.cache_stats() == dict(kept_bytes=0, hits=0, misses=0, blocks=0)
+        assert allocator.tune() is not None
+        assert allocator.cache_stats() == dict(kept_bytes=0, hits=0, misses=0, blocks=0, in_use_peak=0, held_peak=0)
         a = torch.empty(2**20 + 2**16)  # 4.25 MiB
         del a
         assert allocator.cache_stats()["kept_bytes"] == 4 * 2**20 + 2**18
@@ -75,6 +76,43 @@ def test_the_kept_total_stays_under_its_bound_and_empties_between_phases():
             del x
             assert allocator.cache_stats()["kept_bytes"] == 8 * 2**20
         assert allocator.cache_stats()["kept_bytes"] == 0
+        print("OK")
+        """
+    )
+    assert "OK" in out
+
+
+def test_kept_blocks_never_raise_a_phase_above_its_own_high_water_mark():
+    """What the cache keeps fits in the room below the most the phase has had in use (plus CACHE_SLACK): a new
+    high-water mark gives kept blocks back first, so the cache does not add to a phase's peak memory."""
+    needs_cache()
+    out = run(
+        """
+        MiB = 2**20
+        allocator.CACHE_MIN, allocator.CACHE_MAX, allocator.CACHE_SLACK = MiB, 64 * MiB, 2 * MiB
+        allocator.tune()
+        def check(kept, in_use_peak):
+            s = allocator.cache_stats()
+            assert (s["kept_bytes"], s["in_use_peak"]) == (kept * MiB, in_use_peak * MiB), s
+            assert s["held_peak"] <= s["in_use_peak"] + 2 * MiB, s
+        a = torch.empty(2 * MiB)  # 8 MiB in use: the phase's mark
+        del a
+        check(kept=8, in_use_peak=8)  # kept: 0 in use + 8 kept is no more than the mark
+        b = torch.empty(4 * MiB)  # 16 MiB, a new block and a new mark: the kept 8 would stand 8 above it
+        check(kept=0, in_use_peak=16)
+        c = torch.empty(MiB)  # 4 MiB more in use: 20
+        del c, b
+        check(kept=20, in_use_peak=20)  # both kept: nothing in use, 20 kept
+        d = torch.empty(8 * MiB)  # 32 MiB: no kept block fits; all 20 go back before it is made
+        check(kept=0, in_use_peak=32)
+        assert allocator.cache_stats()["held_peak"] == 32 * MiB
+        del d
+        check(kept=32, in_use_peak=32)
+        allocator.release()  # the end of a phase: the next starts from what is in use then (nothing) as its mark
+        check(kept=0, in_use_peak=0)
+        e = torch.empty(MiB)
+        del e
+        check(kept=4, in_use_peak=4)
         print("OK")
         """
     )
