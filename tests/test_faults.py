@@ -236,7 +236,7 @@ def test_a_real_failed_write_reports_one_line_and_leaves_no_partial_checkpoint(t
 @pytest.mark.parametrize(
     "where, error, retry",
     [
-        ("update", torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"), "-o train.micro_batch_tokens=2048"),
+        ("update", torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"), "-o train.micro_batch_tokens=1024"),
         ("collect", torch.OutOfMemoryError("HIP out of memory. Tried to allocate 512.00 MiB"), "-o rollout.batch_size=32"),
     ],
     ids=["update-cuda.OutOfMemoryError", "generation-OutOfMemoryError"],
@@ -258,7 +258,7 @@ def test_out_of_memory_names_the_memory_settings_and_saves_nothing_new(tiny_mode
     assert "nothing new was saved, step-1 is the last checkpoint" in line, line
     settings = [
         "train.micro_batch_size=3",
-        "train.micro_batch_tokens=4096",
+        "train.micro_batch_tokens=2048",
         "train.gradient_checkpointing=auto",
         "rollout.batch_size=64",
         "rollout.max_new_tokens=8",
