@@ -162,6 +162,32 @@ def test_staleness_samples_with_the_policy_of_k_steps_ago(tiny_model_dir):
     assert all(torch.equal(a[n], b[n]) for a, b in zip(sampler.history, other.history) for n in a)
 
 
+def test_restore_merges_again_only_when_the_adapters_changed(tiny_model_dir, monkeypatch):
+    """restore() right after refresh() finds the sampling weights already built from these adapters: no second
+    merge, and no new weights version (an engine with its own copy would load them again). A changed adapter
+    or historical weights in between make it merge again."""
+    policy = tiny(tiny_model_dir)
+    sampler, merges = PolicySampler(policy), []
+    merge = sampler._rebuild
+    monkeypatch.setattr(sampler, "_rebuild", lambda: (merges.append(1), merge())[1])
+    ids = torch.tensor([PROMPTS[0]])
+
+    def matches_policy(model) -> bool:
+        with torch.no_grad():
+            return torch.allclose(model(input_ids=ids).logits, policy(input_ids=ids).logits, atol=1e-5)
+
+    sampler.refresh()
+    version = sampler.version
+    assert matches_policy(sampler.restore()) and len(merges) == 1 and sampler.version == version
+    with torch.no_grad():
+        next(p for n, p in policy.named_parameters() if "lora_B" in n).add_(0.1)  # an update
+    assert not matches_policy(sampler.model)  # still the weights before it
+    assert matches_policy(sampler.restore()) and len(merges) == 2 and sampler.version == version + 1
+    sampler.historical({n: t + 0.5 for n, t in sampler.snapshot().items()})  # a Thinking Seeds checkpoint
+    assert not matches_policy(sampler.model)
+    assert matches_policy(sampler.restore()) and len(merges) == 4
+
+
 def test_precision_mismatch_is_logged_end_to_end(tiny_model_dir, tmp_path):
     invoke(tiny_args(tiny_model_dir, tmp_path / "fp8", 2, "-o", "rollout.precision=fp8"))
     invoke(tiny_args(tiny_model_dir, tmp_path / "same", 2))

@@ -55,6 +55,7 @@ class PolicySampler:
         self._pairs: list = []
         self._source: dict[str, Tensor] | None = None  # the snapshot the last refresh() built from (None = current)
         self.version = 0  # bumped whenever the sampling weights may have changed
+        self._built: dict[str, Tensor] | None = None  # LoRA: the adapter weights the sampling weights hold now
         if not self.lora and precision == "same" and staleness == 0 and not copy_always:
             self.model = policy  # full fine-tuning at the trainer's precision: sample with the policy itself
             return
@@ -111,13 +112,19 @@ class PolicySampler:
         self._load(state)
         self._rebuild()
         self._load(current)
+        self._built = None  # historical weights: the next restore() rebuilds
         return self._changed()
 
     @torch.no_grad()
     def restore(self):
-        """Rebuild the weights the last refresh() chose, without recording a snapshot."""
+        """Rebuild the weights the last refresh() chose, without recording a snapshot. With LoRA, nothing is
+        rebuilt when the sampling weights already hold those adapters (a refresh just before, say): merging
+        costs a full copy of the weights, and an engine with its own copy (vLLM) would load them again."""
         if self.model is self.policy:
             return self._changed()
+        wanted = self._source if self._source is not None else self.trainable
+        if self._built is not None and all(torch.equal(self._built[n], t) for n, t in wanted.items()):
+            return self.model.eval()
         if self._source is None:
             self._rebuild()
         else:
@@ -125,6 +132,8 @@ class PolicySampler:
             self._load(self._source)
             self._rebuild()
             self._load(current)
+        if self.lora:  # a few MB of adapters, compared at the next restore()
+            self._built = {n: t.detach().clone() for n, t in wanted.items()}
         return self._changed()
 
     def _load(self, state: dict[str, Tensor]) -> None:
