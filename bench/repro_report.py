@@ -46,7 +46,9 @@ Run: `python bench/reproduce.py` (every row; `--claims ctpo,ais` for some), resu
 the tables fill as result JSONs appear. Measured on an idle 2-core machine: an off-policy run (32 completions and
 4 updates per step; the ctpo row) 9-14 min of training and ~45 s of evaluation; a default-size run with an fp8
 sampler (the ais row) 5-8.5 min and ~40 s; ict's steps take ~15 s (about 10 min a run) and thinking_seeds' ~15 s.
-The 51 runs (sis's and drpo's grpo arm is one set of runs) took several sessions. Runs whose JSON says
+The 51 runs took several sessions. sis's and drpo's grpo arm share one command and run directory per seed;
+seeds 0 and 1 were trained a second time for drpo (their directories had been removed), with 1 thread instead of
+2, and their traces and accuracies came out the same to the 6 digits the JSONs keep. Runs whose JSON says
 `"threads": 1` ran two at a time, each with `OMP_NUM_THREADS=1`, to keep both cores busy: the same command, not the
 same bits as a 2-thread run (summation order), and wall times that are not comparable with the others' (up to 26
 min of training a run; a run resumed after an interruption records only its last part)."""

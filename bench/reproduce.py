@@ -182,13 +182,29 @@ def provenance() -> dict:
     }
 
 
+def run_provenance(run: Path) -> dict:
+    """The provenance of the run's training (add_wall keeps one record per training invocation): the last one's
+    commit and version, the thread counts of all (one number when they agree). A result written later (another
+    claim sharing the run, or the driver rerun after its JSON was removed) then describes the run, not the
+    invocation that writes it. A run from before these records: this invocation's."""
+    path = run / "repro-wall.json"
+    records = json.loads(path.read_text()).get("trained", []) if path.is_file() else []
+    if not records:
+        return provenance()
+    threads = sorted({r["threads"] for r in records})
+    return {**records[-1], "threads": threads[0] if len(threads) == 1 else threads}
+
+
 def add_wall(run: Path, key: str, seconds: float) -> dict:
-    """Wall seconds spent on the run by every invocation of the driver (a resumed run adds up)."""
+    """Wall seconds spent on the run by every invocation of the driver (a resumed run adds up), and each
+    training invocation's provenance (run_provenance)."""
     path = run / "repro-wall.json"
     if not run.is_dir():  # setup failed: thinkrl creates the run directory only once setup works
         return {}
     wall = json.loads(path.read_text()) if path.is_file() else {}
     wall[key] = round(wall.get(key, 0.0) + seconds, 1)
+    if key == "train":
+        wall["trained"] = [*wall.get("trained", []), provenance()]
     path.write_text(json.dumps(wall))
     return wall
 
@@ -220,6 +236,7 @@ def run_one(name: str, arm: str, seed: int, a: argparse.Namespace, dirs: dict) -
         if rc:
             print(f"error: {shown(evaluate)} failed (exit {rc})", file=sys.stderr)
             return False
+    wall = json.loads((run / "repro-wall.json").read_text()) if (run / "repro-wall.json").is_file() else {}
     metrics = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
     summary = json.loads((held / "summary.json").read_text())
     sig = lambda v: float(f"{v:.6g}") if isinstance(v, float) else v  # noqa: E731  (6 digits keep the JSON small)
@@ -230,8 +247,8 @@ def run_one(name: str, arm: str, seed: int, a: argparse.Namespace, dirs: dict) -
         "method": CLAIMS[name].arms[arm][0],
         "command": shown(first),
         "eval_command": shown(evaluate),
-        **provenance(),
-        "wall_seconds": json.loads((run / "repro-wall.json").read_text()) if (run / "repro-wall.json").is_file() else {},
+        **run_provenance(run),
+        "wall_seconds": {k: v for k, v in wall.items() if k != "trained"},
         "train_seconds_logged": round(sum(m.get("time/step", 0.0) for m in metrics), 1),
         "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
         "steps": len(metrics),
