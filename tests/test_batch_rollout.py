@@ -53,9 +53,12 @@ def naive_logprobs(model, prompts, completions, temperature):
 
 @pytest.mark.parametrize("chunk_elems", [2**25, 7 * 105])  # one chunk, and chunks of 7 rows (checkpointed)
 @pytest.mark.parametrize("rows", [[0, 1], [0, 0, 1, 1, 0]])  # distinct prompts, and prompts shared by several rows
-def test_chunked_logprobs_and_entropy_match_full_logits(tiny, monkeypatch, chunk_elems, rows):
+@pytest.mark.parametrize("frozen_head", [False, True])  # a head that trains, and a frozen one (LoRA: h's gradient only)
+def test_chunked_logprobs_and_entropy_match_full_logits(tiny, monkeypatch, chunk_elems, rows, frozen_head):
     model, _ = tiny
     monkeypatch.setattr(batch_mod, "CHUNK_ELEMS", chunk_elems)
+    head = model.get_output_embeddings().weight
+    monkeypatch.setattr(head, "requires_grad", not frozen_head)
     prompts = [PROMPTS[r] for r in rows]
     g = torch.Generator().manual_seed(len(rows))
     lengths = torch.tensor([4, 6, 2, 5, 6][: len(rows)])
@@ -66,12 +69,15 @@ def test_chunked_logprobs_and_entropy_match_full_logits(tiny, monkeypatch, chunk
     assert torch.allclose(logp[mask], ref_logp[mask], atol=1e-5)
     assert torch.allclose(ent[mask], ref_ent[mask], atol=1e-5)
     assert (logp[~mask] == 0).all()
-    logp[mask].sum().backward()
-    grads = [p.grad.clone() for p in model.parameters()]
+    w = torch.rand(int(mask.sum()), generator=g) - 0.3  # a different dL/dlog pi per token, some negative
+    (logp[mask] * w).sum().backward()
+    grads = [None if p.grad is None else p.grad.clone() for p in model.parameters()]
     model.zero_grad()
-    ref_logp[mask].sum().backward()
+    (ref_logp[mask] * w).sum().backward()
+    assert (head.grad is None) == frozen_head
     for g, p in zip(grads, model.parameters()):
-        assert torch.allclose(g, p.grad, atol=1e-5)
+        assert (g is None) == (p.grad is None)
+        assert g is None or torch.allclose(g, p.grad, atol=1e-5)
     model.zero_grad()
 
 

@@ -45,10 +45,18 @@ def _row_dot(a: Tensor, b: Tensor) -> Tensor:
 class FusedHead(torch.autograd.Function):
     """log pi(y) and the entropy of softmax(h W^T / T) over N positions, with the backward written out:
     d log pi(y) / d logits = (onehot(y) - p) / T. Autograd through logsumexp + gather spends about twice as
-    many full-vocabulary passes (the profile's largest non-matmul cost in a training step). keep=True saves p
-    (N, V) for the backward; keep=False saves only h and log Z and recomputes p, which bounds memory when a
-    micro-batch is cut into several chunks. The logits come from `head` (a bias-free Linear over `weight`)
-    when given: in the update phase its forward runs through the packed frozen weight (thinkrl/packed.py)."""
+    many full-vocabulary passes (the profile's largest non-matmul cost in a training step).
+
+    A frozen head (LoRA) needs only the gradient reaching h, and for one position that is the loss's scalar
+    dL/dlog pi(y) times the (H,) vector (onehot(y) - p) W / T, known as soon as p is. The forward computes that
+    (N, H) product while p exists and saves it alone; the backward scales its rows. p (N, V) is then neither
+    kept nor recomputed, which spares one full-vocabulary matmul per chunk when a pass is cut into chunks
+    (the head alone on 2,048 positions in 682-row chunks, SmolLM2's 49,152 x 576, 2 cores: 2.9 s -> 1.9 s
+    forward and backward; whole 16 x 1,024-token steps did not resolve it from run-to-run drift).
+    A head that trains needs p itself for its weight gradient: keep=True saves p; keep=False saves only h and
+    log Z and recomputes p, which bounds memory when a micro-batch is cut into several chunks. The logits
+    come from `head` (a bias-free Linear over `weight`) when given: in the update phase its forward runs
+    through the packed frozen weight (thinkrl/packed.py)."""
 
     @staticmethod
     def forward(ctx, hidden: Tensor, weight: Tensor, targets: Tensor, temperature: float, keep: bool, head=None):
@@ -61,12 +69,24 @@ class FusedHead(torch.autograd.Function):
         entropy = -_row_dot(p, logp_all)  # (N,)
         logp = logp_all.gather(-1, targets[:, None]).squeeze(-1)  # (N,)
         ctx.temperature, ctx.keep, ctx.head = temperature, keep, head
-        ctx.save_for_backward(hidden, weight, targets, p if keep else logz)
         ctx.mark_non_differentiable(entropy)
+        ctx.frozen = not ctx.needs_input_grad[1]
+        if ctx.frozen:  # d log pi(y) / d h = (onehot(y) - p) W / T, per position
+            del logits, logp_all  # the (N, V) buffer they share, before p's product allocates
+            dh = None
+            if ctx.needs_input_grad[0]:
+                p.neg_().scatter_add_(-1, targets[:, None], torch.ones_like(p[:, :1]))  # (N, V) onehot(y) - p
+                dh = (p.to(hidden.dtype) @ weight).div_(temperature)  # (N, H)
+            ctx.save_for_backward(dh)
+            return logp, entropy
+        ctx.save_for_backward(hidden, weight, targets, p if keep else logz)
         return logp, entropy
 
     @staticmethod
     def backward(ctx, grad_logp: Tensor, _grad_entropy):
+        if ctx.frozen:
+            (dh,) = ctx.saved_tensors
+            return dh * grad_logp.to(dh.dtype)[:, None], None, None, None, None, None  # (N, H)
         hidden, weight, targets, saved = ctx.saved_tensors
         T = ctx.temperature
         if ctx.keep:
