@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from thinkrl import allocator
 from thinkrl.cli import app
-from thinkrl.learner import logprobs, update
+from thinkrl.learner import logprobs, replay, update
 from thinkrl.run.jsonl import read_jsonl
 
 
@@ -42,24 +42,27 @@ def test_checkpointing_on_off_or_auto_gives_the_same_run(tiny_model_dir, tmp_pat
     replays = []
     real = logprobs._checkpointed
 
-    def counted(layers):
-        replays.append(len(layers))
-        return real(layers)
+    def counted(layers, keep):
+        replays.append(keep)
+        return real(layers, keep)
 
     monkeypatch.setattr(logprobs, "_checkpointed", counted)
     monkeypatch.setattr(update, "ACTIVATION_BUDGET", 0)  # auto: every pass is "too large", so auto checkpoints
     runs = {}
-    for setting in ("false", "true", "auto"):
+    for name, setting in (("false", "false"), ("true", "true"), ("auto", "auto"), ("keep", "auto")):
+        if name == "keep":  # as if the budget held every linear output: the replays reuse them all
+            monkeypatch.setattr(replay, "kept_linears", lambda shapes, *_: frozenset(shapes))
         replays.clear()
-        out = tmp_path / setting
+        out = tmp_path / name
         extra = ["-o", f"train.gradient_checkpointing={setting}", "-o", "train.mini_batches=2"]
         result = CliRunner().invoke(app, tiny_args(tiny_model_dir, out, 2, *extra), catch_exceptions=False)
         assert result.exit_code == 0, result.output
         assert bool(replays) == (setting != "false")  # the training passes really recomputed their layers
-        runs[setting] = _numbers(out)
+        assert all(bool(keep) == (name == "keep") for keep in replays)
+        runs[name] = _numbers(out)
     assert runs["false"][0][0]["grad_norm"] > 0
-    _assert_same(runs["false"], runs["true"])
-    _assert_same(runs["false"], runs["auto"])
+    for name in ("true", "auto", "keep"):
+        _assert_same(runs["false"], runs[name])
 
 
 def test_auto_checkpoints_a_pass_once_its_activations_pass_the_budget():
@@ -76,8 +79,8 @@ def test_auto_checkpoints_a_pass_once_its_activations_pass_the_budget():
         cfg = Config()
         cfg.train.gradient_checkpointing = setting
         ctx = SimpleNamespace(cfg=cfg, policy=model)
-        assert update._checkpointing(ctx, fits) is small, setting  # type: ignore[arg-type]
-        assert update._checkpointing(ctx, fits + 1) is large, setting  # type: ignore[arg-type]
+        assert update._checkpointing(ctx, fits)[0] is small, setting  # type: ignore[arg-type]
+        assert update._checkpointing(ctx, fits + 1)[0] is large, setting  # type: ignore[arg-type]
     half = logprobs.activation_bytes(model.config, 1000, element_size=2)
     assert half * 2 == logprobs.activation_bytes(model.config, 1000)  # bfloat16 keeps half as many bytes
 

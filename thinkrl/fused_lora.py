@@ -18,11 +18,13 @@ disabled adapters, active dropout, mixed dtypes, autocast) keep peft's forward.
 from __future__ import annotations
 
 import contextlib
+from collections import Counter
 from collections.abc import Iterator
 
 import torch
 from torch import Tensor
 
+from thinkrl.learner import replay
 from thinkrl.models import forwards_replaced
 from thinkrl.packed import PackedLinear, can_pack, kept_packing
 
@@ -31,14 +33,20 @@ class _LoRALinear(torch.autograd.Function):
     """x (..., in) -> (..., out). Gradients flow to x, A (r, in) and B (out, r); W is frozen."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, A: Tensor, B: Tensor, base: PackedLinear, W: Tensor, scale: float) -> Tensor:
+    def forward(ctx, x: Tensor, A: Tensor, B: Tensor, base: PackedLinear, W: Tensor, scale: float, tag) -> Tensor:
         x2 = x.reshape(-1, x.shape[-1])  # (N, in)
         h = x2 @ A.t()  # (N, r)
-        y = base(x2)  # (N, out)
-        y.addmm_(h, B.t(), alpha=scale)
+
+        def output() -> Tensor:
+            y = base(x2)  # (N, out)
+            return y.addmm_(h, B.t(), alpha=scale).view(*x.shape[:-1], y.shape[-1])  # (..., out)
+
+        # in a checkpointed layer whose pass keeps this shape's outputs, the replay takes the forward's
+        # (learner/replay.py); x2 and h, which the backward needs, are recomputed either way
+        y = replay.result(tag, output) if replay.keeps((x.shape[-1], base.out_features)) else output()
         ctx.save_for_backward(x2, h, A, B)
         ctx.W, ctx.scale, ctx.shape = W, scale, x.shape
-        return y.view(*x.shape[:-1], y.shape[-1])
+        return y
 
     @staticmethod
     def backward(ctx, grad: Tensor):
@@ -50,7 +58,7 @@ class _LoRALinear(torch.autograd.Function):
         gx = None
         if ctx.needs_input_grad[0]:  # not for the first layer's inputs, which depend on frozen weights only
             gx = (g @ ctx.W).addmm_(gh, A).view(ctx.shape)  # (..., in)
-        return gx, gA, gB, None, None, None
+        return gx, gA, gB, None, None, None, None
 
 
 def _adapter(m, x: Tensor, base: PackedLinear, args: tuple, kwargs: dict) -> str | None:
@@ -74,7 +82,8 @@ def _fused_forward(m, base: PackedLinear, plain):
         name = _adapter(m, x, base, args, kwargs)
         if name is None:
             return plain(x, *args, **kwargs)
-        return _LoRALinear.apply(x, m.lora_A[name].weight, m.lora_B[name].weight, base, m.base_layer.weight.detach(), m.scaling[name])
+        A, B = m.lora_A[name].weight, m.lora_B[name].weight
+        return _LoRALinear.apply(x, A, B, base, m.base_layer.weight.detach(), m.scaling[name], m)
 
     return forward
 
@@ -96,3 +105,9 @@ def fused_lora_layers(model: torch.nn.Module, rows: int) -> Iterator[int]:
     layers = _lora_linears(model)
     with forwards_replaced({m: _fused_forward(m, kept_packing(m.base_layer, rows), m.forward) for m in layers}):
         yield len(layers)
+
+
+def lora_shapes(model: torch.nn.Module) -> Counter:
+    """How many LoRA Linear layers of each (in_features, out_features) the fused path covers in `model`: what
+    a checkpointed pass can keep the outputs of (learner/replay.py)."""
+    return Counter((m.in_features, m.out_features) for m in _lora_linears(model))

@@ -16,7 +16,7 @@ below that there are no whole blocks to skip and the extra rows only cost. Hence
 identical to the bit; key and value gradients equal up to summation order (~1e-7: the kernel's query blocks
 start at other positions).
 
-A checkpointed layer keeps this attention's output and log-sum-exp for its replay (kept_in_replay, below)
+A checkpointed layer keeps this attention's output and log-sum-exp for its replay (replay.py)
 instead of running the kernel again: the forward of one layer's attention at 4 x 1,024 completion tokens is
 about 60 ms here, 1.8 s over SmolLM2's 30 layers, for about 0.3 GB kept (4 x 9 x 1,075 x 65 floats a layer).
 One checkpointed 4 x 1,024-token training pass (forward and backward, alternating in one process, 4 each):
@@ -37,6 +37,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from thinkrl.learner import replay
+
 NAME = "thinkrl_sdpa"
 MIN_COMPLETION = 768  # completion positions (the pass's padded length) from which the causal form is used (below it, it measured slower)
 _TORCH = tuple(int(x) for x in torch.__version__.split(".")[:2])
@@ -53,8 +55,8 @@ def _attention(module, query: Tensor, key: Tensor, value: Tensor, attention_mask
     B, Hq, T, D = query.shape
     P = key.shape[2] - T  # prompt positions before the completion
     padded = torch.cat([query.new_zeros((B, Hq, P, D)), query], dim=2) if P else query  # (B, Hq, P + T, D)
-    if _mode is not None and not dropout and padded.device.type == "cpu":  # a checkpointed layer (kept_in_replay)
-        out = _KeptAttention.apply(padded, key, value, scaling, _mode)
+    if replay.active() and not dropout and padded.device.type == "cpu":  # a checkpointed layer keeps the result
+        out = _KeptAttention.apply(padded, key, value, scaling)
     else:
         out = F.scaled_dot_product_attention(
             padded, key, value, dropout_p=dropout, is_causal=True, scale=scaling, enable_gqa=Hq != key.shape[1]
@@ -62,44 +64,14 @@ def _attention(module, query: Tensor, key: Tensor, value: Tensor, attention_mask
     return out[:, :, P:].transpose(1, 2).contiguous(), None  # (B, T, Hq, D)
 
 
-# Checkpointing's replay (logprobs.py) recomputes a layer from its input, attention included, though the
-# attention kernel's result is small (Hq x (D + 1) floats per position: the output and its log-sum-exp) and
-# is the one part of the layer whose cost grows with the square of the length. `kept_in_replay` gives
-# torch.utils.checkpoint a pair of contexts: the layer's forward stores that result, its replay reuses it and
-# runs the kernel's backward on the recomputed queries, keys and values. The same kernel with the same
-# inputs made it, so no value or gradient changes. _mode is ("store" | "reuse", that layer's results).
-_mode: tuple[str, list] | None = None
-
-
-@contextlib.contextmanager
-def _kept(mode: str, results: list) -> Iterator[None]:
-    global _mode
-    before, _mode = _mode, (mode, results)
-    try:
-        yield
-    finally:
-        _mode = before
-
-
-def kept_in_replay() -> tuple[contextlib.AbstractContextManager, contextlib.AbstractContextManager]:
-    """`context_fn` for torch.utils.checkpoint: (forward context, replay context) of one checkpointed layer."""
-    results: list[tuple[Tensor, Tensor]] = []
-    return _kept("store", results), _kept("reuse", results)
-
-
 class _KeptAttention(torch.autograd.Function):
     """CPU causal SDPA (torch's flash kernel, as F.scaled_dot_product_attention runs it here, GQA included)
     whose replay takes the stored output instead of running the kernel again."""
 
     @staticmethod
-    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, scale: float | None, mode: tuple[str, list]) -> Tensor:
-        how, results = mode
-        if how == "reuse" and results:
-            out, lse = results.pop(0)
-        else:
-            out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, True, scale=scale)
-            if how == "store":
-                results.append((out.detach(), lse))  # detach: a tensor of its own for the replay to return
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, scale: float | None) -> Tensor:
+        kernel = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+        out, lse = replay.result(NAME, lambda: kernel(q, k, v, 0.0, True, scale=scale))
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.scale = scale
         return out  # (B, Hq, L, D)
@@ -110,7 +82,7 @@ class _KeptAttention(torch.autograd.Function):
         dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
             grad.contiguous(), q, k, v, out, lse, 0.0, True, scale=ctx.scale
         )
-        return dq, dk, dv, None, None
+        return dq, dk, dv, None
 
 
 def supported(config) -> bool:

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from thinkrl.errors import UserError
-from thinkrl.learner import attention
+from thinkrl.learner import attention, replay
 from thinkrl.learner.head import FusedHead, head_logp, is_plain_head, tempered_logits
 from thinkrl.models import cache_kwarg, forwards_replaced, left_pad
 
@@ -38,10 +38,11 @@ def _body_and_head(model):
     return base.get_decoder(), base.get_output_embeddings(), base.config
 
 
-def _hidden(model, prompts: list[list[int]], completions: Tensor, mask: Tensor, pad_id: int, checkpoint: bool = False):
+def _hidden(model, prompts: list[list[int]], completions: Tensor, mask: Tensor, pad_id: int, checkpoint: bool = False, keep=frozenset()):
     """Hidden states (N, H) that predict each generated token (mask == 1, row-major), the targets (N,),
     and the output head and config. With `checkpoint` (under autograd) the completion pass keeps only each
-    decoder layer's input and recomputes the layer in the backward."""
+    decoder layer's input (and the results replay.py names; `keep`: linear shapes) and recomputes the layer
+    in the backward."""
     from transformers import DynamicCache
 
     body, head, config = _body_and_head(model)
@@ -65,9 +66,9 @@ def _hidden(model, prompts: list[list[int]], completions: Tensor, mask: Tensor, 
     B, T = completions.shape
     attn = torch.cat([p_attn[which], torch.ones((B, T), dtype=torch.long, device=completions.device)], dim=1)  # (B, Lp + T)
     pos = p_pos[which, -1:] + 1 + torch.arange(T, device=completions.device)  # (B, T)
-    replay = checkpoint and torch.is_grad_enabled()
+    replayed = checkpoint and torch.is_grad_enabled()
     kv |= attention.marks(config, not bool(p_attn.all()), T)  # causal without a mask where it can (attention.py)
-    with _checkpointed(_decoder_layers(body, config)) if replay else contextlib.nullcontext():
+    with _checkpointed(_decoder_layers(body, config), keep) if replayed else contextlib.nullcontext():
         h_comp = body(input_ids=completions, attention_mask=attn, position_ids=pos, **kv).last_hidden_state  # (B, T, H)
     # the state before each generated token predicts it: last prompt state, then completion states 0..T-2
     h = torch.cat([h_prompt.index_select(0, which)[:, None], h_comp[:, :-1]], dim=1)[mask]  # (N, H)
@@ -93,17 +94,18 @@ def _decoder_layers(body, config) -> torch.nn.ModuleList:
     )
 
 
-def _checkpointed(layers: torch.nn.ModuleList):
+def _checkpointed(layers: torch.nn.ModuleList, keep: frozenset = frozenset()):
     """A block inside which each decoder layer runs under torch.utils.checkpoint (non-reentrant): its
     activations are dropped after the forward and recomputed, by the same operations on the same inputs,
-    in the backward, but for the long causal attention's output, which is kept (attention.kept_in_replay).
-    Memory per layer is its input and that output; values and gradients do not change."""
-    from torch.utils.checkpoint import checkpoint as replay
+    in the backward, but for the long causal attention's output and the outputs of the linear layers whose
+    (in, out) shapes `keep` names, which the forward keeps for the replay (replay.py). Memory per layer is its
+    input and those results; values and gradients do not change."""
+    from torch.utils.checkpoint import checkpoint
+
+    context = functools.partial(replay.kept_in_replay, keep)
 
     def replayed(forward):
-        return lambda *args, **kwargs: replay(
-            functools.partial(forward, **kwargs), *args, use_reentrant=False, context_fn=attention.kept_in_replay
-        )
+        return lambda *args, **kwargs: checkpoint(functools.partial(forward, **kwargs), *args, use_reentrant=False, context_fn=context)
 
     return forwards_replaced({layer: replayed(layer.forward) for layer in layers})
 
@@ -117,6 +119,15 @@ def activation_bytes(config, tokens: int, element_size: int = 4) -> int:
     return tokens * config.num_hidden_layers * (10 * H + 5 * inner) * element_size
 
 
+def replay_bytes(config, tokens: int, element_size: int = 4) -> int:
+    """What a checkpointed pass keeps before any linear outputs: per layer and token its input and the
+    attention's output and log-sum-exp, plus one layer's activations while its replay runs."""
+    H, Hq = config.hidden_size, config.num_attention_heads
+    D = getattr(config, "head_dim", None) or H // Hq
+    kept = tokens * config.num_hidden_layers * (H + Hq * (D + 1)) * element_size
+    return kept + activation_bytes(config, tokens, element_size) // config.num_hidden_layers
+
+
 def token_logprobs(
     model,
     prompts: list[list[int]],
@@ -127,12 +138,14 @@ def token_logprobs(
     entropy: bool = False,
     topk_ids: Tensor | None = None,
     checkpoint: bool = False,
+    keep: frozenset = frozenset(),
 ) -> LogProbs:
     """log pi(y_t) (B, T) of `completions` after their `prompts`, under softmax(logits / temperature); with
     `entropy` its entropy (B, T), with topk_ids (B, T, K) log pi at those ids (B, T, K). The head runs only on
     generated positions (mask == 1), in chunks; under autograd each chunk is checkpointed or uses FusedHead.
-    `checkpoint` recomputes each decoder layer in the backward (less memory, same values)."""
-    h, y, head, config = _hidden(model, prompts, completions, mask, pad_id, checkpoint)
+    `checkpoint` recomputes each decoder layer in the backward (less memory, same values), but for the outputs
+    of linear layers of the (in_features, out_features) shapes in `keep` (replay.py)."""
+    h, y, head, config = _hidden(model, prompts, completions, mask, pad_id, checkpoint, keep)
     ids = topk_ids[mask] if topk_ids is not None else None  # (N, K)
     rows = max(1, CHUNK_ELEMS // head.weight.shape[0])
     parts: list[tuple[Tensor, Tensor, Tensor]] = []
@@ -144,9 +157,9 @@ def token_logprobs(
             continue
         args = (head, config, h[s : s + rows], y[s : s + rows], temperature, entropy, ids[s : s + rows] if ids is not None else None)
         if torch.is_grad_enabled() and h.shape[0] > rows:
-            from torch.utils.checkpoint import checkpoint as replay
+            from torch.utils.checkpoint import checkpoint as recompute
 
-            parts.append(replay(head_logp, *args, use_reentrant=False))
+            parts.append(recompute(head_logp, *args, use_reentrant=False))
         else:
             parts.append(head_logp(*args))
     lp, ent, topk = (torch.cat(x) for x in zip(*parts)) if parts else (h.new_zeros(0), h.new_zeros(0), h.new_zeros((0, 0)))
@@ -210,6 +223,6 @@ class PolicyLogProbs(torch.nn.Module):
         self.policy = policy
 
     def forward(
-        self, prompts, completions, mask, pad_id: int, temperature: float, entropy: bool = False, topk_ids=None, checkpoint: bool = False
+        self, prompts, completions, mask, pad_id: int, temperature: float, entropy=False, topk_ids=None, checkpoint=False, keep=frozenset()
     ) -> LogProbs:
-        return token_logprobs(self.policy, prompts, completions, mask, pad_id, temperature, entropy, topk_ids, checkpoint)
+        return token_logprobs(self.policy, prompts, completions, mask, pad_id, temperature, entropy, topk_ids, checkpoint, keep)

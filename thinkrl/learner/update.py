@@ -16,9 +16,10 @@ has no effect on RL updates (TRL's `disable_dropout` option makes the same trade
 Train mode stays for whatever else a model's own code ties to it.
 
 Memory: a training pass whose activations would pass ACTIVATION_BUDGET recomputes its decoder layers in the
-backward (train.gradient_checkpointing=auto; logprobs.py), which changes no number. On CPU the frozen LoRA
-base is packed for oneDNN for the phase (thinkrl/packed.py) and each LoRA layer runs as one fused operation
-(thinkrl/fused_lora.py). Long completion passes attend causally without a mask (thinkrl/learner/attention.py).
+backward (train.gradient_checkpointing=auto; logprobs.py), reusing the linear-layer outputs the rest of the
+budget holds (replay.py), which changes no number. On CPU the frozen LoRA base is packed for oneDNN for the
+phase (thinkrl/packed.py) and each LoRA layer runs as one fused operation (thinkrl/fused_lora.py). Long
+completion passes attend causally without a mask (thinkrl/learner/attention.py).
 
 With several processes (thinkrl/distributed.py) "global" spans the ranks: counts are summed over them, the
 loss is scaled by the world size (DDP averages gradients), every rank runs exactly one gradient-synchronising
@@ -49,11 +50,11 @@ from torch import Tensor
 from thinkrl import allocator, distributed
 from thinkrl.batch import TokenBatch
 from thinkrl.config import Config
-from thinkrl.fused_lora import fused_lora_layers
-from thinkrl.learner import correction, method_calls
+from thinkrl.fused_lora import fused_lora_layers, lora_shapes
+from thinkrl.learner import correction, method_calls, replay
 from thinkrl.learner.attention import prompt_causal_attention
 from thinkrl.learner.batching import RolloutBatch, mini_batch_rows, update_passes
-from thinkrl.learner.logprobs import LogProbs, activation_bytes, dropout_off
+from thinkrl.learner.logprobs import LogProbs, activation_bytes, dropout_off, replay_bytes
 from thinkrl.learner.old_policy import OldPolicy, old_policy, policy_pass
 from thinkrl.methods import Method
 from thinkrl.ops import masked_mean
@@ -179,20 +180,26 @@ def _forward(ctx: UpdateContext, rb: RolloutBatch, rows: Tensor, topk_ids: Tenso
     T = int(rb.comp.lengths[rows].max())
     prompts = [rb.prompt_ids[i] for i in rows.tolist()]
     ids = topk_ids[rows, :T] if topk_ids is not None else None
-    replay = _checkpointing(ctx, len(rows) * T)
-    out = ctx.model(prompts, rb.comp.tokens[rows, :T], rb.comp.mask[rows, :T], ctx.pad_id, ctx.cfg.rollout.temperature, True, ids, replay)
+    replay, keep = _checkpointing(ctx, len(rows) * T)
+    comp, temperature = rb.comp, ctx.cfg.rollout.temperature
+    out = ctx.model(prompts, comp.tokens[rows, :T], comp.mask[rows, :T], ctx.pad_id, temperature, True, ids, replay, keep)
     return out, T
 
 
-def _checkpointing(ctx: UpdateContext, tokens: int) -> bool:
-    """Whether this pass recomputes its layers in the backward: train.gradient_checkpointing, or with auto,
-    when its activations would pass ACTIVATION_BUDGET. Either way the values are the same (logprobs.py)."""
+def _checkpointing(ctx: UpdateContext, tokens: int) -> tuple[bool, frozenset]:
+    """Whether this pass recomputes its layers in the backward, and the (in, out) shapes of the linear layers
+    whose outputs the replay reuses instead (learner/replay.py): train.gradient_checkpointing (true: none kept),
+    or with auto, checkpointing when the pass's activations would pass ACTIVATION_BUDGET, keeping as many linear
+    outputs as the rest of the budget holds. Either way the values are the same (logprobs.py)."""
     setting = ctx.cfg.train.gradient_checkpointing
     if setting != "auto":
-        return bool(setting)
+        return bool(setting), frozenset()
     policy = ctx.policy
     size = next(policy.parameters()).element_size()
-    return activation_bytes(policy.config, tokens, size) > ACTIVATION_BUDGET
+    if activation_bytes(policy.config, tokens, size) <= ACTIVATION_BUDGET:
+        return False, frozenset()
+    room = ACTIVATION_BUDGET - replay_bytes(policy.config, tokens, size)
+    return True, replay.kept_linears(lora_shapes(policy), tokens * size, room)
 
 
 def _micro_loss(ctx: UpdateContext, st: _Step, rows: Tensor, num_tokens: int, num_seqs: int):
