@@ -10,7 +10,8 @@ computing it again. The same operation on the same inputs made it, so no value o
 
 Which linear layers keep their outputs is the update phase's choice per pass (update._checkpointing): as many
 as the activation budget holds, the most recompute FLOPs per byte first (`kept_linears`), named by their
-(in_features, out_features).
+(in_features, out_features). Both are CPU paths (the attention's CPU kernel, the fused LoRA layers over
+packed float32 weights); elsewhere the replay recomputes everything.
 """
 
 from __future__ import annotations
