@@ -180,9 +180,9 @@ def _forward(ctx: UpdateContext, rb: RolloutBatch, rows: Tensor, topk_ids: Tenso
     T = int(rb.comp.lengths[rows].max())
     prompts = [rb.prompt_ids[i] for i in rows.tolist()]
     ids = topk_ids[rows, :T] if topk_ids is not None else None
-    replay, keep = _checkpointing(ctx, len(rows) * T)
+    recompute, keep = _checkpointing(ctx, len(rows) * T)
     comp, temperature = rb.comp, ctx.cfg.rollout.temperature
-    out = ctx.model(prompts, comp.tokens[rows, :T], comp.mask[rows, :T], ctx.pad_id, temperature, True, ids, replay, keep)
+    out = ctx.model(prompts, comp.tokens[rows, :T], comp.mask[rows, :T], ctx.pad_id, temperature, True, ids, recompute, keep)
     return out, T
 
 
