@@ -5,25 +5,23 @@
 - config.yaml is rewritten only once a resume has set up: a refused or failed one leaves it as it was;
 - a damaged newest checkpoint is named in one line and the newest intact one is used (never one whose files
   disagree with its step); metrics.jsonl is cut back to it;
-- small files are written atomically: a full disk leaves the previous file whole and the error is one line;
+- a full disk while a resume rewrites config.yaml keeps the old one (atomic writes: test_atomic_writes.py);
 - a new run refuses an --output-dir holding a run or the user's own files.
 """
 
-import errno
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from test_atomic_writes import config_for, fail_after_half
 from test_cli_e2e import invoke, tiny_args
 from test_faults import COMPARED, error_line, run_cli
 
-from thinkrl.config.load import load_config, resolve, save_config
+from thinkrl.config.load import save_config
 from thinkrl.errors import UserError
-from thinkrl.run import atomic, intact, resume
+from thinkrl.run import intact, resume
 from thinkrl.run.jsonl import read_jsonl
 
 
@@ -132,14 +130,10 @@ def test_train_help_documents_allow_changes():
     assert "--allow-changes" in text and "changes.jsonl" in text
 
 
-def _cfg(tmp_path: Path, *overrides: str):
-    return resolve(load_config(None, ["verifier.workers=1", *overrides], output_dir=str(tmp_path)))
-
-
 def test_changes_are_compared_with_the_settings_of_the_checkpoint_resumed(tmp_path):
     """A resume from an older checkpoint undoes the changes recorded after it; two resumes from one step
     (the first failed after writing changes.jsonl) make one line."""
-    four, eight = _cfg(tmp_path, "rollout.group_size=4"), _cfg(tmp_path, "rollout.group_size=8")
+    four, eight = config_for(tmp_path, "rollout.group_size=4"), config_for(tmp_path, "rollout.group_size=8")
     save_config(four, tmp_path / "config.yaml")
     resume.record(tmp_path, 2, eight)  # written; config.yaml then failed: it still says 4
     resume.record(tmp_path, 2, four)  # the same step again, without the change
@@ -153,42 +147,7 @@ def test_changes_are_compared_with_the_settings_of_the_checkpoint_resumed(tmp_pa
     assert changes(tmp_path) == []  # the step-4 change is gone with the steps after step 2
 
 
-# --- 2. atomic small files
-
-
-def fail_after_half(monkeypatch, name: str) -> None:
-    """Writing a file called `name` (through its temporary file) runs out of room halfway."""
-    real = atomic._write
-
-    def write(fd, data):
-        if os.path.basename(os.readlink(f"/proc/self/fd/{fd}")).startswith(f".{name}.tmp"):
-            real(fd, data[: len(data) // 2])
-            raise OSError(errno.ENOSPC, "No space left on device")
-        real(fd, data)
-
-    monkeypatch.setattr(atomic, "_write", write)
-
-
-def test_a_full_disk_leaves_the_previous_file_whole(tmp_path, monkeypatch):
-    path = tmp_path / "config.yaml"
-    cfg = _cfg(tmp_path)
-    save_config(cfg, path)
-    before = path.read_bytes()
-    fail_after_half(monkeypatch, "config.yaml")
-    with pytest.raises(OSError, match="No space left"):
-        save_config(_cfg(tmp_path, "train.lr=0.5"), path)
-    assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["config.yaml"]
-
-
-def test_a_full_disk_on_data_report_is_one_line_and_leaves_no_empty_file(tiny_model_dir, tmp_path, monkeypatch, capsys):
-    out = tmp_path / "run"
-    fail_after_half(monkeypatch, "data_report.json")
-    code, err = run_cli(tiny_args(tiny_model_dir, out, 1), capsys)
-    line = error_line(err)
-    assert code == 2 and f"error: cannot write {out} (OSError: [Errno {errno.ENOSPC}] No space left on device" in line, line
-    assert line.endswith("choose another --output-dir"), line
-    assert sorted(p.name for p in out.iterdir()) == []  # no empty data_report.json, no temporary file, no config.yaml
-    resume.check_new_run_dir(out)  # so the same command works once there is room
+# --- 2. a full disk during a resume (atomic writes themselves: test_atomic_writes.py)
 
 
 def test_a_full_disk_on_config_yaml_during_a_resume_keeps_the_old_one(run, monkeypatch, capsys):
@@ -293,11 +252,3 @@ def test_an_empty_directory_or_what_a_failed_start_left_is_fine(tmp_path):
     (tmp_path / ".git").mkdir()  # anything else is the user's
     with pytest.raises(UserError, match=r"is not empty \(\.git\)"):
         resume.check_new_run_dir(tmp_path)
-
-
-def test_a_temporary_file_left_by_a_killed_writer_is_swept_by_the_next_write(tmp_path):
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True).stdout.strip()
-    stale = tmp_path / f".data_report.json.tmp-{dead}"  # a process killed between writing and renaming
-    stale.write_text("{half")
-    atomic.write_atomic(tmp_path / "data_report.json", "{}")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["data_report.json"]
