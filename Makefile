@@ -6,8 +6,10 @@ BIN := $(VENV)/bin
 #   make install TORCH="torch --index-url https://download.pytorch.org/whl/cu128"
 TORCH ?= torch==2.13.0
 STAMP := $(VENV)/.installed-stamp
+# make demo: the run directory, training steps and held-out problems (a shortened demo: DEMO_STEPS=2 DEMO_LIMIT=4)
 DEMO_DIR ?= runs/demo
-DEMO_EVAL = --limit 200
+DEMO_STEPS ?= 40
+DEMO_LIMIT ?= 200
 
 .PHONY: install test test-fast test-vllm demo lint format clean
 
@@ -46,12 +48,15 @@ $(VLLM_STAMP): pyproject.toml
 test-vllm: $(VLLM_STAMP)  ## the vLLM engine's tests, in that venv (vLLM in-process)
 	THINKRL_REQUIRE_VLLM=1 VLLM_ENABLE_V1_MULTIPROCESSING=0 $(VLLM_VENV)/bin/python -m pytest -q -m vllm
 
+# one shell, so that the summary can say how long the whole demo took
 demo: install  ## held-out accuracy of the bundled model before and after a short GRPO run
 	rm -rf $(DEMO_DIR)
-	$(BIN)/thinkrl eval --model smollm2-135m $(DEMO_EVAL) --output $(DEMO_DIR)/eval-before
-	$(BIN)/thinkrl train --output-dir $(DEMO_DIR)
-	$(BIN)/thinkrl eval --model $(DEMO_DIR) $(DEMO_EVAL) --output $(DEMO_DIR)/eval-after
-	$(BIN)/python examples/demo_summary.py $(DEMO_DIR)
+	# the starting model's evaluation is the run's step 0 (RUN_DIR/eval/step-0/arith); the trained one lands in eval/step-N
+	start=$$(date +%s) && \
+	$(BIN)/thinkrl eval --model smollm2-135m --limit $(DEMO_LIMIT) --output $(DEMO_DIR)/eval/step-0/arith && \
+	$(BIN)/thinkrl train --output-dir $(DEMO_DIR) -o train.steps=$(DEMO_STEPS) && \
+	$(BIN)/thinkrl eval --model $(DEMO_DIR) --limit $(DEMO_LIMIT) && \
+	$(BIN)/python examples/demo_summary.py $(DEMO_DIR) --seconds $$(( $$(date +%s) - start ))
 
 LINTED := thinkrl tests examples bench conftest.py
 

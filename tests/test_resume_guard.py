@@ -252,3 +252,19 @@ def test_an_empty_directory_or_what_a_failed_start_left_is_fine(tmp_path):
     (tmp_path / ".git").mkdir()  # anything else is the user's
     with pytest.raises(UserError, match=r"is not empty \(\.git\)"):
         resume.check_new_run_dir(tmp_path)
+
+
+def test_a_new_run_accepts_its_own_evaluation_of_the_starting_model(tmp_path):
+    # make demo evaluates the starting model into RUN_DIR/eval/step-0/arith before the run starts
+    out = tmp_path / "eval" / "step-0" / "arith"
+    out.mkdir(parents=True)
+    for name in ("settings.json", "samples.jsonl", "summary.json", ".lock"):
+        (out / name).write_text("{}")
+    resume.check_new_run_dir(tmp_path)
+    (out / "notes.txt").write_text("mine")  # anything else under eval/ is the user's
+    with pytest.raises(UserError, match=r"is not empty \(eval\)"):
+        resume.check_new_run_dir(tmp_path)
+    (out / "notes.txt").unlink()
+    (tmp_path / "eval" / "summary.json").symlink_to(tmp_path / "elsewhere.json")
+    with pytest.raises(UserError, match=r"is not empty \(eval\)"):
+        resume.check_new_run_dir(tmp_path)

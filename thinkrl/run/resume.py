@@ -27,7 +27,9 @@ leaves config.yaml as it was.
 Run directories. A thinkrl run directory is one holding metrics.jsonl, checkpoints/, or a config.yaml that
 thinkrl wrote (every section of the config). A new run (no --resume) refuses an --output-dir holding a run
 (continue it with --resume) and any other non-empty directory (the user's own files: it needs a new or empty
-one); what a failed start can leave there (.lock, data_report.json, temporary files) does not count.
+one); what a failed start can leave there (.lock, data_report.json, temporary files) does not count, nor an
+eval/ folder holding only `thinkrl eval` output: the run's own evaluation of its starting model, e.g. `make
+demo`'s RUN_DIR/eval/step-0/arith/, written before the run starts.
 """
 
 from __future__ import annotations
@@ -55,6 +57,8 @@ _PREFIXES = ("method.", "model.lora.", "data.", "prompt.")
 _IGNORED = {"output_dir", "method.recipe"}
 # what a start that failed before training can leave in an --output-dir (thinkrl's own files)
 _LEFTOVERS = re.compile(r"\.lock|data_report\.json|\..+\.tmp(-\d+)?")
+# what `thinkrl eval` writes into each of its output directories
+_EVAL_FILES = re.compile(r"\.lock|settings\.json|samples\.jsonl|summary\.json|\..+\.tmp(-\d+)?")
 
 
 def makes_the_run(key: str) -> bool:
@@ -166,6 +170,14 @@ def is_run_dir(path: Path) -> bool:
     return isinstance(saved, dict) and {f.name for f in dataclasses.fields(Config)} <= set(saved)
 
 
+def _only_evaluations(path: Path) -> bool:
+    """`path` is RUN_DIR/eval holding nothing but what `thinkrl eval` writes (its files, in folders)."""
+    if path.name != "eval" or path.is_symlink() or not path.is_dir():
+        return False
+    files = [p for p in path.rglob("*") if not p.is_dir() or p.is_symlink()]
+    return all(p.is_file() and not p.is_symlink() and _EVAL_FILES.fullmatch(p.name) for p in files)
+
+
 def check_new_run_dir(run_dir: Path) -> None:
     """A new run's --output-dir: absent, empty, or holding only what a failed start left."""
     run_dir = Path(run_dir)
@@ -173,7 +185,7 @@ def check_new_run_dir(run_dir: Path) -> None:
         return
     if is_run_dir(run_dir):
         raise UserError(f"{run_dir} already holds a run; continue it with --resume {run_dir} or pick a new --output-dir")
-    others = sorted(p.name for p in run_dir.iterdir() if not _LEFTOVERS.fullmatch(p.name))
+    others = sorted(p.name for p in run_dir.iterdir() if not (_LEFTOVERS.fullmatch(p.name) or _only_evaluations(p)))
     if others:
         held = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
         raise UserError(

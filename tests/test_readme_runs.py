@@ -1,0 +1,103 @@
+"""The README's commands on the bundled model, run for real as a user runs them (slow).
+
+`make demo` runs through make itself, shortened by its variables (DEMO_STEPS, DEMO_LIMIT) and pointed at the
+test's own environment. Every `thinkrl` line of README.md's bash blocks is either run here, as the real
+`thinkrl` executable in a scratch directory, shortened (2 steps of 16 tokens, a few problems), or listed in
+NOT_HERE with the reason (it needs a hub model). A README line in neither table fails the test, so a new
+command is run as soon as it is documented. test_readme.py checks every documented line up to the work
+(options, keys, values); this file does the work.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from test_readme import ROOT, documented_commands
+
+pytestmark = pytest.mark.slow
+
+BIN = Path(sys.executable).parent  # the environment these tests run in: its thinkrl and python
+SHORT = "-o train.steps=2 -o rollout.max_new_tokens=16 -o rollout.group_size=4 -o verifier.workers=1"
+
+# README line (after `thinkrl`) -> the line as run here; in order, since later lines read the runs of earlier ones
+RUN_HERE = {
+    "--help": "--help",
+    "train": f"train --output-dir runs/a {SHORT}",
+    "train --plugins examples/custom_method --method vanilla_pg": f"train --plugins examples/custom_method --method vanilla_pg "
+    f"--output-dir runs/b {SHORT}",
+    "config --method ctpo": "config --method ctpo",
+    "methods grpo": "methods grpo",
+    "eval --model runs/try": "eval --model runs/try --limit 3 --max-new-tokens 16",
+    "plot runs/a runs/b --out fig.png --smooth 5": "plot runs/a runs/b --out fig.png --smooth 5",
+    "compare runs/a runs/b": "compare runs/a runs/b",
+    "show runs/a --step 40": "show runs/a --step 2",
+    "export runs/a --out exported --merge": "export runs/a --out exported --merge",
+}
+NOT_HERE = {
+    "train my_run.yaml --output-dir runs/mine": "trains Qwen/Qwen2.5-Math-1.5B, a hub model",
+    "train examples/qwen_math_lora/config.yaml --output-dir runs/qwen-math-lora": "trains Qwen/Qwen2.5-Math-1.5B, a hub model",
+    "train --method dapo --model Qwen/Qwen2.5-Math-1.5B --dataset data/train.jsonl -o rollout.max_new_tokens=3000": "a hub model",
+    "train --resume runs/mine -o train.steps=600": "continues the Qwen run above (test_bundled_slow.py resumes a bundled-model run)",
+    "eval --model runs/qwen-math-lora --dataset aime24,aime25 --preset reasoning --n 16": "evaluates the Qwen run above",
+    "eval --model Qwen/Qwen2.5-Math-1.5B --dataset aime24 --preset greedy --json": "a hub model",
+}
+
+
+def run(args: list[str], cwd: Path) -> str:
+    env = {**os.environ, "COLUMNS": "160"}  # rich's tables at a terminal's width, not a pipe's 80 columns
+    proc = subprocess.run(args, cwd=cwd, capture_output=True, text=True, stdin=subprocess.DEVNULL, env=env)
+    assert proc.returncode == 0, f"{shlex.join(args)} exited {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return proc.stdout + proc.stderr
+
+
+def steps(run_dir: Path) -> list[int]:
+    return [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_make_demo_runs_and_prints_accuracy_before_and_after(tmp_path):
+    demo = tmp_path / "demo"
+    venv = BIN.parent
+    # -o: the environment is installed already (make's install step would make a venv there)
+    make = ["make", "-C", str(ROOT), "demo", f"VENV={venv}", "-o", f"{venv}/.installed-stamp", f"DEMO_DIR={demo}"]
+    out = run([*make, "DEMO_STEPS=2", "DEMO_LIMIT=4"], tmp_path)
+    assert "held-out arith (4 problems, greedy):" in out and " before -> " in out, out[-2000:]
+    assert "training: 2 steps in" in out and "the whole demo" in out, out[-2000:]
+    assert steps(demo) == [1, 2]
+    for step in (0, 2):  # the starting model is the run's step 0; the trained one its last step
+        summary = json.loads((demo / "eval" / f"step-{step}" / "arith" / "summary.json").read_text())
+        assert summary["problems"] == 4
+    assert json.loads((demo / "eval" / "step-0" / "arith" / "settings.json").read_text())["model"] == "smollm2-135m"
+
+
+def test_every_readme_command_is_run_here_or_says_why_not():
+    readme = [shlex.join(c.args) for c in documented_commands([ROOT / "README.md"])]
+    assert sorted(readme) == sorted([*RUN_HERE, *NOT_HERE])
+
+
+def test_the_readme_commands_on_the_bundled_model_run(tmp_path):
+    for name in ("configs", "examples"):
+        (tmp_path / name).symlink_to(ROOT / name)
+    outputs = {}
+    for line, shortened in RUN_HERE.items():
+        if "runs/try" in line:  # the README's name for any run: the one trained above
+            shutil.copytree(tmp_path / "runs" / "a", tmp_path / "runs" / "try")
+        outputs[line] = run([str(BIN / "thinkrl"), *shlex.split(shortened)], tmp_path)
+    assert "train" in outputs["--help"] and "eval" in outputs["--help"]
+    assert steps(tmp_path / "runs" / "a") == steps(tmp_path / "runs" / "b") == [1, 2]
+    assert "vanilla_pg" in (tmp_path / "runs" / "b" / "config.yaml").read_text()
+    assert "method.name = 'ctpo'" in outputs["config --method ctpo"]
+    assert outputs["methods grpo"].startswith("GRPO")
+    summary = json.loads((tmp_path / "runs" / "try" / "eval" / "step-2" / "arith" / "summary.json").read_text())
+    assert summary["problems"] == 3
+    assert (tmp_path / "fig.png").stat().st_size > 0
+    compared = outputs["compare runs/a runs/b"]
+    assert "grpo" in compared and "vanilla_pg" in compared and "reward final" in compared, compared  # a column per run
+    assert "step 2" in outputs["show runs/a --step 40"].lower()
+    assert (tmp_path / "exported" / "config.json").is_file() and list((tmp_path / "exported").glob("*.safetensors"))
