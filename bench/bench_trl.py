@@ -67,8 +67,8 @@ def peak_memory_mb() -> float:
 
 
 def run_thinkrl(a) -> dict:
-    from thinkrl.config.load import load_config
     from thinkrl.run.jsonl import read_jsonl
+    from thinkrl.settings import load_config
     from thinkrl.train import train
 
     out = Path(tempfile.mkdtemp(prefix="bench-thinkrl-"))

@@ -7,8 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from thinkrl.config.load import load_config, resolve
 from thinkrl.run.jsonl import read_jsonl
+from thinkrl.settings import load_config, resolve
 
 HERE = Path(__file__).resolve().parent
 

@@ -17,7 +17,6 @@ import torch
 from accelerate import Accelerator
 
 from thinkrl import distributed
-from thinkrl.config.load import load_config, resolve
 from thinkrl.learner.advantages import compute_advantages
 from thinkrl.learner.batching import RolloutBatch
 from thinkrl.learner.logprobs import PolicyLogProbs
@@ -25,6 +24,7 @@ from thinkrl.learner.update import UpdateContext, update
 from thinkrl.methods import get_method
 from thinkrl.models import add_lora, load_base
 from thinkrl.rollout.completions import Completions
+from thinkrl.settings import load_config, resolve
 
 P, G = 4, 3  # 4 prompts x 3 completions; with 2 ranks, rank r holds prompts 2r and 2r + 1
 

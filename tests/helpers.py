@@ -98,9 +98,9 @@ def assert_second_correction_refused_unless_anchor_old(method: str, mode: str) -
     anchor=old, r = pi_theta / pi_old and the correction bridges mu -> pi_old (thinkrl/learner/correction.py)."""
     import pytest
 
-    from thinkrl.config.load import load_config, resolve
     from thinkrl.errors import UserError
     from thinkrl.methods import get_method
+    from thinkrl.settings import load_config, resolve
 
     expected = rf"^correction.mode={mode} with method {method}: its ratio is already taken against the sampler mu"
     with pytest.raises(UserError, match=expected) as e:

@@ -11,8 +11,8 @@ import pytest
 from test_cli_e2e import tiny_args
 from test_faults import error_line, run_cli
 
-from thinkrl.config.load import load_config, resolve, save_config
 from thinkrl.run import atomic, resume
+from thinkrl.settings import load_config, resolve, save_config
 
 
 def config_for(tmp_path, *overrides: str):

@@ -15,11 +15,12 @@ import pytest
 from test_faults import error_line, run_cli
 
 from thinkrl.config import Config
-from thinkrl.config.load import all_keys, load_config, resolve
+from thinkrl.config.load import all_keys
 from thinkrl.config.typecheck import hints
 from thinkrl.errors import MAX_MESSAGE_CHARS, UserError, capped, short
 from thinkrl.evaluation.settings import EvalSettings, resolve_settings
 from thinkrl.methods import available_methods, get_method, method_class
+from thinkrl.settings import load_config, resolve
 
 
 def refused(*overrides: str) -> str:

@@ -4,8 +4,8 @@ import pytest
 import yaml
 
 from thinkrl.config import Config
-from thinkrl.config.load import load_config, resolve, save_config
 from thinkrl.errors import UserError
+from thinkrl.settings import load_config, resolve, save_config
 
 CONFIGS = sorted(Path(__file__).parent.parent.joinpath("configs").glob("*.yaml"))
 
@@ -117,7 +117,7 @@ def test_configs_directory_is_not_empty():
 def test_ctpo_trains_in_its_papers_regime_and_an_on_policy_run_is_named():
     """--method ctpo resolves 4 mini-batches and sequence TIS from its recipe; without the recipe the run is
     on-policy, where ctpo's gradient is grpo's, and one line says so and what changes it."""
-    from thinkrl.config.load import on_policy_note
+    from thinkrl.settings import on_policy_note
 
     cfg = resolve(load_config(**{"method.name": "ctpo"}))
     assert (cfg.train.mini_batches, cfg.correction.mode, cfg.correction.level, cfg.correction.c_max) == (4, "tis", "sequence", 5.0)

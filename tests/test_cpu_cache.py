@@ -1,4 +1,4 @@
-"""The CPU block cache (thinkrl/cpu_cache.cpp, started by thinkrl/allocator.py): freed large blocks are handed
+"""The CPU block cache (thinkrl/accel/cpu_cache.cpp, started by thinkrl/accel/allocator.py): freed large blocks are handed
 back for requests of about their size, the kept total stays under its bound and is emptied between phases,
 oneDNN's raw allocations and blocks made before it started go back where they came from, and where it cannot be
 built thinkrl says so and goes on. Each case runs in a fresh process: the cache is process-wide for good."""
@@ -12,13 +12,16 @@ import textwrap
 
 import pytest
 
-from thinkrl import allocator, native
+from thinkrl.accel import allocator, native
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the cache is built on Linux only")
+pytestmark = [
+    pytest.mark.usefixtures("accel_on"),
+    pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the cache is built on Linux only"),
+]
 
 
 def run(body: str, **env: str) -> str:
-    code = "import torch\nfrom thinkrl import allocator\n" + textwrap.dedent(body)
+    code = "import torch\nfrom thinkrl.accel import allocator\n" + textwrap.dedent(body)
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, **env}, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout + proc.stderr
@@ -123,7 +126,7 @@ def test_onednn_blocks_and_autograd_run_through_the_cache_with_the_same_numbers(
     needs_cache()
     out = run(
         """
-        from thinkrl.packed import PackedLinear
+        from thinkrl.accel.packed import PackedLinear
         allocator.CACHE_MIN = 0  # every block through the cache
         g = torch.Generator().manual_seed(0)
         w, x = torch.randn(512, 256, generator=g), torch.randn(600, 256, generator=g, requires_grad=True)

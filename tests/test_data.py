@@ -3,10 +3,10 @@ import json
 import pytest
 
 from thinkrl.config import ArithConfig, DataConfig, PromptConfig
-from thinkrl.config.load import load_config
 from thinkrl.data import build_prompts, load_problems, normalise_answer, render_prompt, step_prompts
 from thinkrl.data.arith import _arith_value, arith_problems
 from thinkrl.errors import UserError
+from thinkrl.settings import load_config
 
 
 def test_arith_is_seeded_correct_and_splits_are_disjoint():

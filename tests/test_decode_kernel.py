@@ -1,4 +1,4 @@
-"""The decode attention kernel (thinkrl/rollout/engines/decode_kernel.py, decode_attention.c): transformers'
+"""The decode attention kernel (thinkrl/accel/decode_kernel.py, decode_attention.c): transformers'
 rotary embedding, the new key and value stored, and the attention SDPA computes with a per-row length mask,
 for every head size; a row's output independent of the other rows;
 the lean engine's samples unchanged by it; a clear fallback where it cannot be built; and loading it leaves
@@ -10,7 +10,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from thinkrl.rollout.engines import decode_kernel
+from thinkrl.accel import decode_kernel
+
+pytestmark = pytest.mark.usefixtures("accel_on")  # tests of the CPU speed-ups themselves
 
 needs_kernel = pytest.mark.skipif(decode_kernel.load() is None, reason="no C compiler here to build the kernel")
 

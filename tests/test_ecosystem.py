@@ -95,7 +95,7 @@ def test_export_loads_in_transformers_and_matches_the_runs_policy(two_runs, tmp_
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from thinkrl.config.load import load_config
+    from thinkrl.settings import load_config
 
     run, out = two_runs[0], tmp_path / "export"
     result = CliRunner().invoke(app, ["export", str(run), "--out", str(out), *(["--merge"] if merge else [])])

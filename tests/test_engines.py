@@ -14,7 +14,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from thinkrl.errors import UserError
-from thinkrl.learner.logprobs import token_logprobs, visit_distributions
+from thinkrl.forward import visit_distributions
+from thinkrl.learner.logprobs import token_logprobs
 from thinkrl.rollout.completions import Completions, Sampling
 from thinkrl.rollout.engines import make_engine
 from thinkrl.rollout.engines.reference import reference_generate

@@ -66,13 +66,13 @@ def hidden_dirs(run: Path) -> list[str]:
 def inject_nan(monkeypatch, bad_steps: set[int], first_call_only: bool = False) -> None:
     """The training forward returns NaN log-probs at the given steps (1-based), as an overflowing forward
     would: loss and gradient are then NaN. first_call_only: only the step's first micro-batch (so only its
-    first mini-batch). The step comes from the loop's seed_step(seed, step + 1)."""
+    first mini-batch). The step comes from the loop's setup.reseed(seed, step + 1)."""
     now = {"step": 0, "calls": 0}
-    real_seed_step, real_logprobs = train_mod.seed_step, batch_mod.token_logprobs
+    real_reseed, real_logprobs = setup_mod.reseed, batch_mod.token_logprobs
 
-    def seed_step(seed, step, device, rank=0):
+    def reseed(seed, step, device, rank=0):
         now.update(step=step, calls=0)
-        return real_seed_step(seed, step, device, rank)
+        return real_reseed(seed, step, device, rank)
 
     def token_logprobs(*args, **kwargs):
         now["calls"] += 1
@@ -80,7 +80,7 @@ def inject_nan(monkeypatch, bad_steps: set[int], first_call_only: bool = False) 
         bad = now["step"] in bad_steps and (now["calls"] == 1 or not first_call_only)
         return out._replace(logp=out.logp * float("nan")) if bad else out
 
-    monkeypatch.setattr(train_mod, "seed_step", seed_step)
+    monkeypatch.setattr(setup_mod, "reseed", reseed)
     monkeypatch.setattr(batch_mod, "token_logprobs", token_logprobs)  # what the training forward calls
 
 

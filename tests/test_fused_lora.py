@@ -1,13 +1,15 @@
-"""Fused LoRA layers (thinkrl/fused_lora.py): peft's values and gradients in one operation per layer, peft's own
+"""Fused LoRA layers (thinkrl/accel/fused_lora.py): peft's values and gradients in one operation per layer, peft's own
 forward wherever the fusion does not apply, and the layers as they were after the block."""
 
 import pytest
 import torch
 from peft import LoraConfig, get_peft_model
 
-import thinkrl.fused_lora as fused
-from thinkrl.fused_lora import fused_lora_layers
-from thinkrl.packed import can_pack
+import thinkrl.accel.fused_lora as fused
+from thinkrl.accel.fused_lora import fused_lora_layers
+from thinkrl.accel.packed import can_pack
+
+pytestmark = pytest.mark.usefixtures("accel_on")  # tests of the CPU speed-ups themselves
 
 
 def _model(dropout: float = 0.0, **lora):
@@ -106,11 +108,11 @@ def test_the_update_phase_blocks_give_the_plain_log_probs_and_gradients(tiny_mod
     float32 summation order; and the head's logits did come from its packed copy."""
     from tiny import tiny_lora_model
 
-    import thinkrl.learner.logprobs as logprobs
+    import thinkrl.forward as forward
+    from thinkrl.accel.packed import packed_frozen_linears
     from thinkrl.learner.logprobs import token_logprobs
-    from thinkrl.packed import packed_frozen_linears
 
-    monkeypatch.setattr(logprobs, "CHUNK_ELEMS", chunk_elems)
+    monkeypatch.setattr(forward, "CHUNK_ELEMS", chunk_elems)
     model = tiny_lora_model(tiny_model_dir)
     head = model.get_output_embeddings()
     assert not head.weight.requires_grad

@@ -184,7 +184,7 @@ def test_the_recorder_keeps_every_step_across_its_growth():
 def test_grown_storage_hands_each_old_block_back_at_once(llama, monkeypatch):
     """Growing key/value storage empties the CPU block cache after each replaced tensor: storage only grows, so
     no later request would fit a kept old block, which would stay resident to the end of the generation."""
-    from thinkrl import allocator
+    from thinkrl.accel import allocator
 
     events, reserve = [], SlotStorage.reserve
 
@@ -207,7 +207,7 @@ def test_grown_storage_hands_each_old_block_back_at_once(llama, monkeypatch):
 def test_compaction_keeps_the_live_rows_and_hands_back_each_old_tensor(monkeypatch):
     """compact() moves the live slots' keys and values (up to the longest of them) into the lowest slots of storage
     sized for them alone, and the old tensors go back to the system one at a time, each as soon as it is replaced."""
-    from thinkrl import allocator
+    from thinkrl.accel import allocator
 
     store = SlotStorage(layers=3, Hk=2, D=4)
     store.reset(5, torch.zeros(1))

@@ -16,10 +16,10 @@ from test_cli_e2e import tiny_args
 from test_distributed import torchrun
 from test_faults import error_line, run_cli, subprocess_env
 
-from thinkrl.config.load import load_config, resolve
 from thinkrl.errors import UserError
 from thinkrl.run.jsonl import read_jsonl
 from thinkrl.run.lock import NAME, DirLock
+from thinkrl.settings import load_config, resolve
 
 HOLD = """
 import os, sys, time

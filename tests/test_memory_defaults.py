@@ -14,10 +14,13 @@ from safetensors.torch import load_file
 from test_cli_e2e import tiny_args
 from typer.testing import CliRunner
 
-from thinkrl import allocator
+from thinkrl import forward
+from thinkrl.accel import allocator, kept_outputs
 from thinkrl.cli import app
-from thinkrl.learner import logprobs, replay, update
+from thinkrl.learner import logprobs, update
 from thinkrl.run.jsonl import read_jsonl
+
+pytestmark = pytest.mark.usefixtures("accel_on")  # tests of the CPU speed-ups themselves
 
 
 def _numbers(run_dir):
@@ -40,18 +43,18 @@ def _assert_same(a, b):
 
 def test_checkpointing_on_off_or_auto_gives_the_same_run(tiny_model_dir, tmp_path, monkeypatch):
     replays = []
-    real = logprobs._checkpointed
+    real = forward._checkpointed
 
     def counted(layers, keep):
         replays.append(keep)
         return real(layers, keep)
 
-    monkeypatch.setattr(logprobs, "_checkpointed", counted)
+    monkeypatch.setattr(forward, "_checkpointed", counted)
     monkeypatch.setattr(update, "ACTIVATION_BUDGET", 0)  # auto: every pass is "too large", so auto checkpoints
     runs = {}
     for name, setting in (("false", "false"), ("true", "true"), ("auto", "auto"), ("keep", "auto")):
         if name == "keep":  # as if the budget held every linear output: the replays reuse them all
-            monkeypatch.setattr(replay, "kept_linears", lambda shapes, *_: frozenset(shapes))
+            monkeypatch.setattr(kept_outputs, "kept_linears", lambda shapes, *_: frozenset(shapes))
         replays.clear()
         out = tmp_path / name
         extra = ["-o", f"train.gradient_checkpointing={setting}", "-o", "train.mini_batches=2"]
@@ -91,7 +94,7 @@ def test_allocator_setting_changes_no_number(tiny_model_dir, tmp_path):
     not only large ones, so the tiny model's run reuses blocks all the time) and one with neither: the same
     metrics and weights."""
     code = (
-        "import sys; from thinkrl import allocator; from thinkrl.cli import app\n"
+        "import sys; from thinkrl.accel import allocator; from thinkrl.cli import app\n"
         "if sys.argv[1] == 'off': allocator.tune = lambda: False\n"
         "allocator.CACHE_MIN = 0\n"
         "app(sys.argv[2:], standalone_mode=False)\n"

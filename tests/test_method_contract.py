@@ -10,9 +10,10 @@ import pytest
 import torch
 
 from thinkrl.batch import TokenBatch
-from thinkrl.config.load import load_config, resolve, to_dict
+from thinkrl.config.load import to_dict
 from thinkrl.errors import UserError
 from thinkrl.methods import available_methods, get_method, load_plugins, method_class
+from thinkrl.settings import load_config, resolve
 
 EXAMPLES = Path(__file__).parent.parent / "examples" / "custom_method"
 CONFIGS = Path(__file__).parent.parent / "configs"

@@ -1,10 +1,13 @@
-"""Packed linear layers (thinkrl/packed.py): the same numbers as F.linear up to summation order, gradients to
+"""Packed linear layers (thinkrl/accel/packed.py): the same numbers as F.linear up to summation order, gradients to
 the input through a frozen base, and nothing left changed after the block."""
 
+import pytest
 import torch
 import torch.nn.functional as F
 
-from thinkrl.packed import PackedLinear, can_pack, packed_frozen_linears
+from thinkrl.accel.packed import PackedLinear, can_pack, packed_frozen_linears
+
+pytestmark = pytest.mark.usefixtures("accel_on")  # tests of the CPU speed-ups themselves
 
 
 def test_packed_linear_matches_f_linear_for_any_rows_and_shape():

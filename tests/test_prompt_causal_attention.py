@@ -1,12 +1,15 @@
-"""The completion pass's maskless causal attention (thinkrl/learner/attention.py) gives the masked pass's values
+"""The completion pass's maskless causal attention (thinkrl/accel/causal_attention.py) gives the masked pass's values
 and gradients, is used only where it applies, and leaves the model on "sdpa" after the update phase."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from thinkrl.learner import attention, replay
+from thinkrl.accel import causal_attention as attention
+from thinkrl.accel import kept_outputs
 from thinkrl.learner.logprobs import token_logprobs
+
+pytestmark = pytest.mark.usefixtures("accel_on")  # tests of the CPU speed-ups themselves
 
 
 @pytest.fixture
@@ -87,7 +90,7 @@ def test_a_checkpointed_layer_keeps_its_attention_output_for_the_replay(tiny_mod
     layers = model.config.num_hidden_layers
     plain_runs, plain = run(False)
     kept_runs, kept = run(True)
-    monkeypatch.setattr(replay, "kept_in_replay", lambda *_: (contextlib.nullcontext(), contextlib.nullcontext()))
+    monkeypatch.setattr(kept_outputs, "kept_in_recompute", lambda *_: (contextlib.nullcontext(), contextlib.nullcontext()))
     replayed_runs, replayed = run(True)  # the replay recomputes the attention like every other operation
     assert (plain_runs, kept_runs, replayed_runs) == (2 * layers, 2 * layers, 3 * layers)  # prompt, completion (, replay)
     for got in (kept, replayed):

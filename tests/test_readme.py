@@ -26,7 +26,7 @@ from typer.testing import CliRunner
 
 from thinkrl.cli import app
 from thinkrl.config import Config
-from thinkrl.config.load import load_config, resolve, save_config
+from thinkrl.settings import load_config, resolve, save_config
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -111,7 +111,7 @@ def trained(monkeypatch) -> list:
     import thinkrl.run.readers
     import thinkrl.train
     from thinkrl.evaluation.settings import resolve_settings
-    from thinkrl.rewards import RewardSet
+    from thinkrl.verifier.rewards import RewardSet
 
     calls = []
 

@@ -100,7 +100,8 @@ def test_stability_measures():
 
 def test_every_arm_resolves():
     """Each arm's exact overrides resolve (a method refusing the rollout correction would fail here, not hours in)."""
-    from thinkrl.config.load import load_config, parse_override, resolve
+    from thinkrl.config.load import parse_override
+    from thinkrl.settings import load_config, resolve
 
     for name, claim in reproduce.CLAIMS.items():
         assert list(claim.arms)[0] == name and claim.arms[name][0] == claim.method

@@ -19,10 +19,10 @@ from test_atomic_writes import config_for, fail_after_half
 from test_cli_e2e import invoke, tiny_args
 from test_faults import COMPARED, error_line, run_cli
 
-from thinkrl.config.load import save_config
 from thinkrl.errors import UserError
 from thinkrl.run import intact, resume
 from thinkrl.run.jsonl import read_jsonl
+from thinkrl.settings import save_config
 
 
 @pytest.fixture(scope="module")

@@ -5,13 +5,13 @@ import pytest
 import yaml
 from test_cli_e2e import invoke, tiny_args
 
-from thinkrl import rewards
-from thinkrl.config.load import load_config, save_config
 from thinkrl.config.rollout import RewardFunction, default_reward_functions
 from thinkrl.errors import UserError
-from thinkrl.rewards import RewardSet, format_boxed, format_think, length_penalty
+from thinkrl.rewards import format_boxed, format_think, length_penalty
 from thinkrl.run.jsonl import read_jsonl
-from thinkrl.verifier import VerifierPool, grade
+from thinkrl.settings import load_config, save_config
+from thinkrl.verifier import VerifierPool, grade, rewards
+from thinkrl.verifier.rewards import RewardSet
 
 
 def entries(*items):

@@ -9,13 +9,13 @@ from test_cli_e2e import invoke, tiny_args
 from test_supply_and_sampler import PROMPTS, tiny
 
 from thinkrl.config import SeedsConfig
-from thinkrl.config.load import load_config, resolve
 from thinkrl.learner.logprobs import token_logprobs
 from thinkrl.rollout.completions import Sampling
 from thinkrl.rollout.engines import LeanEngine
 from thinkrl.rollout.policy_copy import PolicySampler
 from thinkrl.rollout.seeds import SeedPool, seeded_generate
 from thinkrl.run.jsonl import read_jsonl
+from thinkrl.settings import load_config, resolve
 
 
 def test_pool_is_fifo_with_a_pinned_initial_policy(tmp_path):

@@ -8,13 +8,13 @@ from accelerate import Accelerator
 from dist_update import G, P, global_batch  # tests/dist_update.py: 4 prompts x 3 completions of uneven lengths
 
 import thinkrl.learner.update as update_module
-from thinkrl.config.load import load_config, resolve
 from thinkrl.learner.advantages import compute_advantages
 from thinkrl.learner.batching import RolloutBatch
 from thinkrl.learner.logprobs import PolicyLogProbs, dropout_off, token_logprobs
 from thinkrl.learner.update import UpdateContext, update
 from thinkrl.methods import get_method
 from thinkrl.models import add_lora, load_base
+from thinkrl.settings import load_config, resolve
 from thinkrl.setup import _reference
 
 

@@ -63,8 +63,8 @@ def train(
     method, data.*, prompt.*, rollout.group_size, rollout.prompts_per_step, any seed) is refused unless
     --allow-changes; every change a resume makes is recorded in RUN_DIR/changes.jsonl (the step it took effect
     after, old and new values) and config.yaml then holds the new values."""
-    from thinkrl.config.load import load_config
     from thinkrl.methods import load_plugins
+    from thinkrl.settings import load_config
     from thinkrl.train import train as run_train
 
     if plugins:
@@ -102,11 +102,13 @@ def config_(
 ) -> None:
     """Every config key with its value and doc line (with --method: that method's recipe and fields applied)."""
     from thinkrl.config.describe import describe
-    from thinkrl.methods import load_plugins
+    from thinkrl.methods import get_method, load_plugins
+    from thinkrl.settings import load_config
 
     if plugins:
         load_plugins(plugins)
-    print(describe(method))
+    cfg = load_config(**({"method.name": method} if method else {}))
+    print(describe(cfg, get_method(cfg.method.name, **cfg.method.params), named=method is not None))
 
 
 @app.command("eval")
@@ -138,9 +140,9 @@ def eval_(
     as_json: bool = typer.Option(False, "--json", help="Print the summaries as JSON."),
 ) -> None:
     """Evaluate a model or a training run: avg@n, pass@k and maj@n per dataset."""
-    from thinkrl.config.load import load_config
     from thinkrl.evaluation.evaluate import evaluate
     from thinkrl.evaluation.settings import EvalSettings
+    from thinkrl.settings import load_config
 
     if limit < 0 or batch_size < 1:
         raise UserError("--limit must be >= 0 and --batch-size >= 1")

@@ -12,6 +12,7 @@ import errno
 import json
 import math
 import os
+import random
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,20 +20,20 @@ from typing import Any
 import torch
 
 from thinkrl.config import Config
-from thinkrl.config.load import save_config
 from thinkrl.data import build_prompts, load_problems
 from thinkrl.errors import UserError
 from thinkrl.learner.logprobs import PolicyLogProbs
 from thinkrl.learner.update import UpdateContext
-from thinkrl.methods import Method, get_method
+from thinkrl.methods import Method
 from thinkrl.models import load_base, load_policy, load_tokenizer, parameter_counts, resolve_path
-from thinkrl.rewards import RewardSet
 from thinkrl.rollout.engines import Engine, engine_for_run
 from thinkrl.rollout.policy_copy import PolicySampler
 from thinkrl.run import checkpoint, faults, resume
 from thinkrl.run.atomic import write_atomic
 from thinkrl.run.console import console, shown
 from thinkrl.run.lock import DirLock
+from thinkrl.settings import save_config
+from thinkrl.verifier.rewards import RewardSet
 
 
 @dataclass
@@ -48,6 +49,15 @@ class Setup:
     seed_pool: Any  # thinkrl.rollout.seeds.SeedPool or None
     start: int  # steps already done (resume)
     rewards: RewardSet  # reward.functions, imported and checked
+
+
+def reseed(seed: int, step: int, device: torch.device, rank: int = 0) -> torch.Generator:
+    """Reseed every RNG from (seed, step): any step replays identically, so resume needs no RNG files. The
+    sampling generator also mixes in the process rank, so ranks draw independent completions."""
+    s = (seed * 1_000_003 + step) % 2**63
+    random.seed(s)
+    torch.manual_seed(s)
+    return torch.Generator(device=device).manual_seed((s + 7_919 * rank) % 2**63)
 
 
 def lr_lambda(cfg, total: int):
@@ -84,19 +94,16 @@ def check_writable(run_dir: Path) -> None:
     raise UserError(faults.cannot_write(error, run_dir, run_dir, started=False))
 
 
-def prepare(cfg: Config, accelerator, run_dir: Path, ckpt: Path | None) -> Setup:
+def prepare(cfg: Config, method: Method, accelerator, run_dir: Path, ckpt: Path | None) -> Setup:
     """Data and reward functions first (cheap, and the usual mistakes), then model, method, optimizer, sampler and engine."""
-    from thinkrl.train import seed_step  # the loop's reseeding rule: LoRA init is part of the run's seed
-
     tok = load_tokenizer(resolve_path(cfg.model.name))
     prompts, report = prepare_data(cfg, tok)
     rewards = RewardSet(cfg.reward.functions)  # a reward function that cannot be imported or called fails here
     device = accelerator.device
-    seed_step(cfg.train.seed, 0, device)
+    reseed(cfg.train.seed, 0, device)  # the loop's rule: the LoRA init is part of the run's seed
     policy, tok = load_policy(cfg.model, device)
     trainable, total = parameter_counts(policy)
     console.print(f"model: {cfg.model.name} on {device}, {trainable:,} of {total:,} parameters trainable")
-    method = get_method(cfg.method.name, **cfg.method.params)
     tc, rc = cfg.train, cfg.rollout
     params = [p for p in policy.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=tc.lr, betas=tuple(tc.adam_betas), weight_decay=tc.weight_decay)

@@ -24,7 +24,6 @@ run or other files.
 from __future__ import annotations
 
 import contextlib
-import random
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -32,9 +31,8 @@ from pathlib import Path
 import torch
 from rich.markup import escape
 
-from thinkrl import allocator, distributed, setup
+from thinkrl import accel, distributed, setup
 from thinkrl.config import Config
-from thinkrl.config.load import on_policy_note, resolve
 from thinkrl.errors import UserError
 from thinkrl.evaluation.evaluate import eval_during_training
 from thinkrl.learner.advantages import compute_advantages
@@ -46,20 +44,12 @@ from thinkrl.run import checkpoint, faults, intact, lock, records, trackers
 from thinkrl.run import resume as resuming
 from thinkrl.run.console import console, progress, shown, step_line
 from thinkrl.run.jsonl import JsonlLog
+from thinkrl.settings import on_policy_note, resolve_with_method
 from thinkrl.verifier import load_grader
 
 
-def seed_step(seed: int, step: int, device: torch.device, rank: int = 0) -> torch.Generator:
-    """Reseed every RNG from (seed, step): any step replays identically, so resume needs no RNG files. The
-    sampling generator also mixes in the process rank, so ranks draw independent completions."""
-    s = (seed * 1_000_003 + step) % 2**63
-    random.seed(s)
-    torch.manual_seed(s)
-    return torch.Generator(device=device).manual_seed((s + 7_919 * rank) % 2**63)
-
-
 def train(cfg: Config, resume: bool = False, allow_changes: bool = False) -> Path:
-    allocator.tune()  # large CPU buffers go back to the system when freed (thinkrl/allocator.py)
+    accel.process_start()  # on a CPU: allocator settings and the freed-block cache (thinkrl/accel)
     with contextlib.ExitStack() as held:  # the run directory's lock (thinkrl/run/lock.py), released however the run ends
         return _train(cfg, resume, held, allow_changes)
 
@@ -67,7 +57,7 @@ def train(cfg: Config, resume: bool = False, allow_changes: bool = False) -> Pat
 def _train(cfg: Config, resume: bool, held: contextlib.ExitStack, allow_changes: bool = False) -> Path:
     from accelerate import Accelerator
 
-    cfg = resolve(cfg)
+    cfg, method = resolve_with_method(cfg)  # the method is built here, once
     # several processes (torchrun / accelerate launch): Accelerate sets up the process group and wraps the
     # model; thinkrl/distributed.py says which prompts are this rank's; only rank 0 writes
     accelerator = Accelerator(cpu=not torch.cuda.is_available(), **trackers.accelerator_kwargs(cfg.log, Path(cfg.output_dir)))
@@ -102,8 +92,8 @@ def _train(cfg: Config, resume: bool, held: contextlib.ExitStack, allow_changes:
     grade_fn = load_grader(cfg.verifier.grader)  # a bad grader fails here, before config.yaml is written
 
     # --- setup: data, model, method, optimizer, sampler, engine; the run directory appears once they work
-    s = setup.prepare(cfg, accelerator, run_dir, ckpt)
-    policy, tok, method, learner, sampler, engine, seed_pool = s.policy, s.tok, s.method, s.learner, s.sampler, s.engine, s.seed_pool
+    s = setup.prepare(cfg, method, accelerator, run_dir, ckpt)
+    policy, tok, learner, sampler, engine, seed_pool = s.policy, s.tok, s.learner, s.sampler, s.engine, s.seed_pool
     accelerator.wait_for_everyone()  # every rank has set up before rank 0 writes anything
     setup.open_run_dir(cfg, run_dir, s.data_report, main, held if main and not locked else None, s.start if resume else None)
     if main and damaged:
@@ -147,7 +137,7 @@ def _train(cfg: Config, resume: bool, held: contextlib.ExitStack, allow_changes:
             prompts = s.prompts
             for step in range(start, tc.steps):
                 t0 = time.perf_counter()
-                generator = seed_step(tc.seed, step + 1, device, rank)
+                generator = setup.reseed(tc.seed, step + 1, device, rank)
 
                 # 1-2. rollout and score: G completions per prompt with behaviour log-probs, rewards (B,)
                 phase = "generation"

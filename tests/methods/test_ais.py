@@ -6,11 +6,11 @@ import pytest
 import torch
 from batches import CONFIGS, grad_of, logp_batch, random_lists, roundtrip, straight_and_resumed
 
-from thinkrl.config.load import load_config, resolve
 from thinkrl.errors import UserError
 from thinkrl.methods import get_method, method_class
 from thinkrl.methods.ais import Config as AISConfig
 from thinkrl.methods.ais import ais_diagnostics, ais_weights
+from thinkrl.settings import load_config, resolve
 
 RHO = [1.0, 1.2, 0.8, 1.5]
 ADV = [1.0, 1.0, -1.0, -1.0]

@@ -6,11 +6,11 @@ import pytest
 import torch
 from batches import CONFIGS, grad_of, random_batch, ratio_batch
 
-from thinkrl.config.load import load_config, resolve
 from thinkrl.errors import UserError
 from thinkrl.methods import get_method, method_class
 from thinkrl.methods.ctpo import Config as CTPOConfig
 from thinkrl.methods.ctpo import cumulative_log_ratio, log_bounds
+from thinkrl.settings import load_config, resolve
 
 
 @pytest.mark.parametrize(

@@ -7,9 +7,9 @@ import torch
 from batches import CONFIGS, ratio_batch
 
 from thinkrl.batch import TokenBatch
-from thinkrl.config.load import load_config, resolve
 from thinkrl.errors import UserError
 from thinkrl.methods import get_method, method_class
+from thinkrl.settings import load_config, resolve
 
 
 def test_dr_grpo_aggregation_worked_example():

@@ -8,9 +8,9 @@ from batches import CONFIGS, grad_of, probs_batch, random_batch
 from helpers import assert_second_correction_refused_unless_anchor_old
 
 from thinkrl.batch import TokenBatch
-from thinkrl.config.load import load_config, resolve
 from thinkrl.errors import UserError
 from thinkrl.methods import get_method, method_class
+from thinkrl.settings import load_config, resolve
 
 
 def point(pi, mu, adv):

@@ -5,10 +5,10 @@ import torch
 from batches import CONFIGS, random_topk_batch
 
 from thinkrl.batch import TokenBatch
-from thinkrl.config.load import load_config, resolve
 from thinkrl.errors import UserError
 from thinkrl.methods import get_method, method_class
 from thinkrl.methods.ict import select_tokens
+from thinkrl.settings import load_config, resolve
 
 # Hand example (pad = padding). Token-id scores = mean JS over occurrences:
 #   id 9: 0.40;  id 5: (0.60 + 0.00) / 2 = 0.30;  id 7: (0.10 + 0.30) / 2 = 0.20;  id 8: (0.25 + 0.05) / 2 = 0.15

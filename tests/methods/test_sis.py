@@ -7,11 +7,11 @@ import torch
 from batches import CONFIGS, random_topk_batch
 
 from thinkrl.batch import TokenBatch
-from thinkrl.config.load import load_config, resolve
 from thinkrl.errors import UserError
 from thinkrl.methods import get_method, method_class
 from thinkrl.methods._common import aggregate
 from thinkrl.methods.sis import rejection_test
+from thinkrl.settings import load_config, resolve
 
 # ---------------------------------------------------------------- the vocabulary-of-4 case
 

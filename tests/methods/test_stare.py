@@ -5,11 +5,11 @@ import torch
 from batches import CONFIGS, grad_of, logp_batch, random_lists, roundtrip, straight_and_resumed
 
 from thinkrl.batch import TokenBatch
-from thinkrl.config.load import load_config, resolve
 from thinkrl.errors import UserError
 from thinkrl.methods import get_method, method_class
 from thinkrl.methods._common import aggregate
 from thinkrl.methods.stare import stare_weights, top_surprisal
+from thinkrl.settings import load_config, resolve
 
 
 def view(entropy, shape=(2, 3)):

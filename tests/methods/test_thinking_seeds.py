@@ -125,7 +125,7 @@ def test_correction_weights_leave_prefix_tokens_alone(mode, level, c_max, want):
 def test_thinking_seeds_takes_a_rollout_correction():
     # continuation tokens are ordinary sampled tokens (mu -> pi_old), so tis / mis are accepted, unlike for the
     # methods that correct every token themselves (dppo, cppo, drpo with anchor=behav; ais)
-    from thinkrl.config.load import load_config, resolve
+    from thinkrl.settings import load_config, resolve
 
     cfg = resolve(load_config(overrides=["correction.mode=mis"], **{"method.name": "thinking_seeds"}))
     assert cfg.correction.mode == "mis" and cfg.seeds.enabled

@@ -5,18 +5,16 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from thinkrl.config import MethodSection
-from thinkrl.config.load import load_config
+from thinkrl.config import Config, MethodSection
+from thinkrl.config.load import MethodSpec
 from thinkrl.config.typecheck import field_docs
 
 
-def describe(method: str | None = None) -> str:
-    cfg = load_config(**({"method.name": method} if method else {}))
-    from thinkrl.methods import get_method
-
-    m = get_method(cfg.method.name, **cfg.method.params)
+def describe(cfg: Config, m: MethodSpec, named: bool) -> str:
+    """Every key of `cfg` (loaded with method `m`'s recipe) with its value and doc line; `named`: the user
+    passed --method."""
     recipe = set(m.recipe) if cfg.method.recipe else set()
-    lines = [f"# the config `thinkrl train{f' --method {cfg.method.name}' if method else ''}` starts from; set a key with -o KEY=VALUE"]
+    lines = [f"# the config `thinkrl train{f' --method {cfg.method.name}' if named else ''}` starts from; set a key with -o KEY=VALUE"]
     lines += [f"# (recipe) = set by the {cfg.method.name} recipe; --no-recipe leaves those at their defaults", ""]
     docs = field_docs(MethodSection)
     lines.append(_line("method.name", cfg.method.name, docs["name"], recipe))

@@ -69,7 +69,7 @@ class TrainConfig:
     long completions, about one more forward of update time. The same operations run on the same inputs, so
     values and gradients do not change (to the bit). auto = for a micro-batch whose activations would exceed
     1 GiB (thinkrl/learner/logprobs.py: activation_bytes), on the CPU keeping for the replay as many LoRA
-    linear-layer outputs as the rest of the 1 GiB holds (thinkrl/learner/replay.py); true keeps none."""
+    linear-layer outputs as the rest of the 1 GiB holds (thinkrl/accel/kept_outputs.py); true keeps none."""
     micro_batch_size: int = 8
     """Sequences per forward/backward pass (memory knob; does not change the result)."""
     mini_batches: int = 1

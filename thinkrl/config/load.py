@@ -8,6 +8,9 @@ CTPO with 4 mini-batches and sequence-level TIS, not GRPO's on-policy single upd
 one message, each with where it came from (file:line or the -o text) and the closest valid key, or the
 thinkrl name of a TRL / verl setting. The resolved config (every default filled in) is written into each
 run directory.
+
+config/ never imports a method: what it needs of one (its recipe, its resolved fields, what it corrects
+itself) is the MethodSpec below, and thinkrl/settings.py passes the registry's methods in.
 """
 
 from __future__ import annotations
@@ -15,16 +18,36 @@ from __future__ import annotations
 import dataclasses
 import secrets
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import yaml
 
 from thinkrl.config import Config, MethodSection
 from thinkrl.config.files import read_yaml
 from thinkrl.config.hints import unknown_key_hint
+from thinkrl.config.learner import CorrectionConfig
 from thinkrl.config.typecheck import check_finite, coerce, hints
 from thinkrl.errors import UserError, short
+
+
+class MethodSpec(Protocol):
+    """What config needs of a method (thinkrl.methods.Method has it all)."""
+
+    name: str
+    recipe: Mapping[str, Any]  # dotted config keys the method's paper regime sets
+    requires: frozenset[str]  # the batch fields its loss reads
+    mismatch_corrected: str  # "all": it weights every token by pi_old / mu itself
+    acts_off_policy: bool  # it acts only through its importance ratios
+    advantage: str  # its advantage estimator
+    cfg: Any  # its own Config instance
+    Config: type  # its Config dataclass
+
+    def config_dict(self) -> dict[str, Any]: ...
+
+
+RecipeLookup = Callable[[str], Mapping[str, Any]]  # method name -> its recipe
 
 
 def all_keys(cls: type = Config, prefix: str = "") -> list[str]:
@@ -94,9 +117,16 @@ def parse_override(text: str) -> tuple[str, Any]:
     return key.strip(), value
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] = (), recipe: bool | None = None, **shorthands: Any) -> Config:
-    """Defaults <- the method's recipe (unless recipe=False or method.recipe: false) <- YAML file <- `key=value`
-    overrides <- CLI shorthands (--method, --model, ...). Every bad key is reported in one error."""
+def load_config(
+    path: str | Path | None = None,
+    overrides: list[str] = (),
+    recipe: bool | None = None,
+    recipes: RecipeLookup | None = None,
+    **shorthands: Any,
+) -> Config:
+    """Defaults <- the method's recipe (from `recipes`, unless recipe=False or method.recipe: false) <- YAML
+    file <- `key=value` overrides <- CLI shorthands (--method, --model, ...). Every bad key is reported in one
+    error. Without `recipes` no recipe applies (a saved config.yaml holds every key already)."""
     entries: list[tuple[str, Any, str]] = []  # (dotted key, value, where it was written)
     if path is not None:
         path = Path(path)
@@ -106,10 +136,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] = (), recip
     name = next((v for k, v, _ in reversed(entries) if k == "method.name"), MethodSection.name)
     use_recipe = next((v for k, v, _ in reversed(entries) if k == "method.recipe"), True) if recipe is None else recipe
     cfg = Config()
-    if use_recipe is True and isinstance(name, str):
-        from thinkrl.methods import method_class  # late: the registry imports every method module
-
-        for key, value in method_class(name).recipe.items():
+    if use_recipe is True and isinstance(name, str) and recipes is not None:
+        for key, value in recipes(name).items():
             _set(cfg, key, value)
     errors = []
     for key, value, where in entries:
@@ -143,14 +171,10 @@ def validate(cfg: Any, prefix: str = "") -> None:
     check_finite(cfg, prefix)  # after the section's own checks: their messages name the range
 
 
-def resolve(cfg: Config) -> Config:
-    """Check every section, then the rules that span sections; fill derived values (the method's full
-    params, seeds.enabled, the constant L of seq-mean-token-sum-norm, output_dir)."""
-    from thinkrl.learner.correction import conflict
-    from thinkrl.methods import get_method  # late: methods import config helpers
-
+def resolve(cfg: Config, method: MethodSpec) -> Config:
+    """Check every section, then the rules that span sections; fill derived values (`method`'s full params:
+    it is cfg.method built, seeds.enabled, the constant L of seq-mean-token-sum-norm, output_dir)."""
     validate(cfg)
-    method = get_method(cfg.method.name, **cfg.method.params)
     cfg.method.params = method.config_dict()
     if (refusal := conflict(method, cfg.correction)) is not None:  # a method that corrects from mu itself
         raise UserError(refusal)
@@ -192,12 +216,24 @@ def resolve(cfg: Config) -> Config:
     return cfg
 
 
-def on_policy_note(cfg: Config) -> str | None:
-    """One line when the resolved settings make the method's gradient grpo's: a method that acts only through
-    its ratios, in a run where every ratio is 1 (one update per rollout, no precision or staleness gap)."""
-    from thinkrl.methods import method_class
+def conflict(method: MethodSpec, cfg: CorrectionConfig) -> str | None:
+    """One line refusing correction.mode tis / mis for a method that corrects every token from mu itself."""
+    if cfg.mode == "none" or method.mismatch_corrected != "all":
+        return None
+    fix = "set correction.mode=none"
+    if getattr(method.cfg, "anchor", None) == "behav":
+        why = "its ratio is already taken against the sampler mu (anchor=behav)"
+        fix += ", or method.anchor=old to ratio against pi_old and let the correction bridge mu -> pi_old"
+    else:
+        why = "it already weights every token by pi_old / mu"
+    return f"correction.mode={cfg.mode} with method {method.name}: {why}, so the weight pi_old / mu would correct each token twice; {fix}"
 
-    cls, r, t = method_class(cfg.method.name), cfg.rollout, cfg.train
+
+def on_policy_note(cfg: Config, cls: MethodSpec | type) -> str | None:
+    """One line when the resolved settings make the method's gradient grpo's: a method (`cls`, its class)
+    that acts only through its ratios, in a run where every ratio is 1 (one update per rollout, no precision
+    or staleness gap)."""
+    r, t = cfg.rollout, cfg.train
     if not cls.acts_off_policy or t.mini_batches * t.epochs > 1 or r.precision != "same" or r.staleness:
         return None
     aggregation = cfg.method.params.get("aggregation", "seq-mean-token-mean")
@@ -217,8 +253,6 @@ def to_dict(cfg: Config) -> dict[str, Any]:
     return d
 
 
-def save_config(cfg: Config, path: str | Path) -> None:
-    """Atomically (thinkrl/run/atomic.py): a full disk or a kill leaves the previous config.yaml whole."""
-    from thinkrl.run.atomic import write_atomic
-
-    write_atomic(path, yaml.safe_dump(to_dict(cfg), sort_keys=False))
+def config_yaml(cfg: Config) -> str:
+    """The text of a run's config.yaml."""
+    return yaml.safe_dump(to_dict(cfg), sort_keys=False)

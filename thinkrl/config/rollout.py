@@ -125,7 +125,7 @@ def default_reward_functions() -> list[RewardFunction]:
 class RewardConfig:
     functions: list[RewardFunction] = field(default_factory=default_reward_functions)
     """Named, weighted rewards (TRL's reward_funcs + reward_weights): a list of {name, function, weight, options};
-    reward/mean stays the verifier's accuracy, the advantages see the weighted sum (see thinkrl/rewards.py)."""
+    reward/mean stays the verifier's accuracy, the advantages see the weighted sum (see thinkrl/verifier/rewards.py)."""
     overlong_buffer: float = 0
     """DAPO's soft overlong punishment: over the last N tokens of the budget the reward falls linearly by up to
     overlong_penalty; a value below 1 is a fraction of rollout.max_new_tokens (DAPO: 0.2); 0 = off."""

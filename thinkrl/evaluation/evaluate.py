@@ -260,10 +260,10 @@ def evaluate(s: EvalSettings, datasets: list[str], output: Path | None, cfg: Con
     """Evaluate `s.model` on each dataset; output/<dataset>/ per dataset (output itself when there is one). A
     run directory (or one of its checkpoints) is evaluated at its checkpoint, recorded in settings.json, and
     writes to RUN_DIR/eval/step-N/<dataset>/ by default. Datasets and presets are checked before the model loads."""
-    from thinkrl import allocator
+    from thinkrl import accel
     from thinkrl.verifier import VerifierPool
 
-    allocator.tune()  # as train does (thinkrl/allocator.py)
+    accel.process_start()  # as train does
     found = find_checkpoint(s.model)
     run_cfg = load_config(found[0] / "config.yaml") if found else None
     if found:

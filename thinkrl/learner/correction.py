@@ -10,7 +10,7 @@ are detached and multiply each method's per-token loss (TokenBatch.is_weights, a
 
 A method whose loss already corrects some tokens back to the policy that wrote them declares it
 (Method.mismatch_corrected): "all" tokens (dppo, cppo, drpo with anchor=behav, whose ratio is pi_theta / mu;
-ais, whose weight is built from pi_old / mu) cannot take pi_old / mu a second time, so `conflict` refuses
+ais, whose weight is built from pi_old / mu) cannot take pi_old / mu a second time, so `thinkrl.config.load.conflict` refuses
 correction.mode tis / mis for them when the config is resolved; "prefix" tokens (thinking_seeds: ratioed
 against pi_h, their writer) keep weight 1 and stay out of a sequence's product (`weights(exempt=...)`).
 """
@@ -45,19 +45,6 @@ def weights(old_logp: Tensor, behav_logp: Tensor, mask: Tensor, cfg: CorrectionC
         w = torch.where((rho >= cfg.c_min) & (rho <= cfg.c_max), rho, 0.0)
     w = torch.where(corrected, w, 1.0)  # (B, T) exempt tokens: 1 even when c_max < 1 or MIS would mask rho = 1
     return torch.where(mask, w, 0.0).detach()
-
-
-def conflict(method, cfg: CorrectionConfig) -> str | None:
-    """One line refusing correction.mode tis / mis for a method that corrects every token from mu itself."""
-    if cfg.mode == "none" or method.mismatch_corrected != "all":
-        return None
-    fix = "set correction.mode=none"
-    if getattr(method.cfg, "anchor", None) == "behav":
-        why = "its ratio is already taken against the sampler mu (anchor=behav)"
-        fix += ", or method.anchor=old to ratio against pi_old and let the correction bridge mu -> pi_old"
-    else:
-        why = "it already weights every token by pi_old / mu"
-    return f"correction.mode={cfg.mode} with method {method.name}: {why}, so the weight pi_old / mu would correct each token twice; {fix}"
 
 
 @torch.no_grad()

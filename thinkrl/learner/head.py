@@ -11,16 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-
-def tempered_logits(head, config, hidden: Tensor, temperature: float) -> Tensor:
-    """Tempered float32 logits of N hidden states, with the model's own scaling/softcapping.  (N, H) -> (N, V)"""
-    logits = head(hidden).float()  # (N, V)
-    if getattr(config, "logit_scale", None):
-        logits = logits * config.logit_scale
-    if getattr(config, "final_logit_softcapping", None):
-        cap = config.final_logit_softcapping
-        logits = torch.tanh(logits / cap) * cap
-    return logits / temperature
+from thinkrl.forward import tempered_logits
 
 
 def head_logp(head, config, hidden: Tensor, targets: Tensor, temperature: float, want_entropy: bool, topk_ids: Tensor | None):
@@ -56,7 +47,7 @@ class FusedHead(torch.autograd.Function):
     A head that trains needs p itself for its weight gradient: keep=True saves p; keep=False saves only h and
     log Z and recomputes p, which bounds memory when a micro-batch is cut into several chunks. The logits
     come from `head` (a bias-free Linear over `weight`) when given: in the update phase its forward runs
-    through the packed frozen weight (thinkrl/packed.py)."""
+    through the packed frozen weight (thinkrl/accel/packed.py)."""
 
     @staticmethod
     def forward(ctx, hidden: Tensor, weight: Tensor, targets: Tensor, temperature: float, keep: bool, head=None):

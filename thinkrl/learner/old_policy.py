@@ -23,8 +23,8 @@ import torch
 from torch import Tensor
 
 from thinkrl.config import Config
+from thinkrl.forward import visit_distributions
 from thinkrl.learner.batching import RolloutBatch, micro_batches
-from thinkrl.learner.logprobs import visit_distributions
 from thinkrl.methods import Method
 from thinkrl.ops import js_divergence
 

@@ -16,10 +16,9 @@ has no effect on RL updates (TRL's `disable_dropout` option makes the same trade
 Train mode stays for whatever else a model's own code ties to it.
 
 Memory: a training pass whose activations would pass ACTIVATION_BUDGET recomputes its decoder layers in the
-backward (train.gradient_checkpointing=auto; logprobs.py), reusing the linear-layer outputs the rest of the
-budget holds (replay.py), which changes no number. On CPU the frozen LoRA base is packed for oneDNN for the
-phase (thinkrl/packed.py) and each LoRA layer runs as one fused operation (thinkrl/fused_lora.py). Long
-completion passes attend causally without a mask (thinkrl/learner/attention.py).
+backward (train.gradient_checkpointing=auto; logprobs.py), which changes no number. The phase runs inside
+accel.update_pass: on a CPU, packed frozen weights, fused LoRA layers and the outputs a recompute may reuse
+(thinkrl/accel/); the code here is the plain path a GPU runs.
 
 With several processes (thinkrl/distributed.py) "global" spans the ranks: counts are summed over them, the
 loss is scaled by the world size (DDP averages gradients), every rank runs exactly one gradient-synchronising
@@ -47,21 +46,17 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from thinkrl import allocator, distributed
+from thinkrl import accel, distributed
 from thinkrl.batch import TokenBatch
 from thinkrl.config import Config
-from thinkrl.fused_lora import fused_lora_layers, lora_shapes
-from thinkrl.learner import correction, method_calls, replay
-from thinkrl.learner.attention import prompt_causal_attention
+from thinkrl.learner import correction, method_calls
 from thinkrl.learner.batching import RolloutBatch, mini_batch_rows, update_passes
-from thinkrl.learner.logprobs import LogProbs, activation_bytes, dropout_off, replay_bytes
+from thinkrl.learner.logprobs import LogProbs, activation_bytes, dropout_off, recompute_bytes
 from thinkrl.learner.old_policy import OldPolicy, old_policy, policy_pass
 from thinkrl.methods import Method
 from thinkrl.ops import masked_mean
-from thinkrl.packed import packed_frozen_linears
 
 ACTIVATION_BUDGET = 2**30  # bytes of activations one pass may keep before auto checkpointing recomputes them
-PACK_ROWS = 512  # oneDNN's blocking hint for the frozen weights: tokens per training pass, roughly
 
 
 @dataclass
@@ -103,13 +98,7 @@ def update(ctx: UpdateContext, rb: RolloutBatch, generator: torch.Generator) -> 
     """Every optimizer step of one training step on rollout batch rb; returns the step's update metrics."""
     tc, method = ctx.cfg.train, ctx.method
     ctx.model.train()  # before the pi_old pass too: one mode for every pass (module docstring)
-    with (
-        allocator.phase(),  # the CPU block cache is emptied after the phase (thinkrl/allocator.py)
-        dropout_off(ctx.model),
-        packed_frozen_linears(ctx.policy, PACK_ROWS),
-        fused_lora_layers(ctx.policy, PACK_ROWS),
-        prompt_causal_attention(ctx.policy.config),
-    ):
+    with dropout_off(ctx.model), accel.update_pass(ctx.policy):
         old = old_policy(ctx.policy, rb, method, ctx.cfg, ctx.pad_id)  # nothing unless the update needs pi_old first
         ref_logp = None
         if "ref_logp" in method.requires and ctx.ref_model is not None:
@@ -188,7 +177,7 @@ def _forward(ctx: UpdateContext, rb: RolloutBatch, rows: Tensor, topk_ids: Tenso
 
 def _checkpointing(ctx: UpdateContext, tokens: int) -> tuple[bool, frozenset]:
     """Whether this pass recomputes its layers in the backward, and the (in, out) shapes of the linear layers
-    whose outputs the replay reuses instead (learner/replay.py): train.gradient_checkpointing (true: none kept),
+    whose outputs the recompute reuses instead (thinkrl/accel): train.gradient_checkpointing (true: none kept),
     or with auto, checkpointing when the pass's activations would pass ACTIVATION_BUDGET, keeping as many linear
     outputs as the rest of the budget holds. Either way the values are the same (logprobs.py)."""
     setting = ctx.cfg.train.gradient_checkpointing
@@ -198,8 +187,8 @@ def _checkpointing(ctx: UpdateContext, tokens: int) -> tuple[bool, frozenset]:
     size = next(policy.parameters()).element_size()
     if activation_bytes(policy.config, tokens, size) <= ACTIVATION_BUDGET:
         return False, frozenset()
-    room = ACTIVATION_BUDGET - replay_bytes(policy.config, tokens, size)
-    return True, replay.kept_linears(lora_shapes(policy), tokens * size, room)
+    room = ACTIVATION_BUDGET - recompute_bytes(policy.config, tokens, size)
+    return True, accel.kept_linears(policy, tokens, size, room)
 
 
 def _micro_loss(ctx: UpdateContext, st: _Step, rows: Tensor, num_tokens: int, num_seqs: int):

@@ -3,7 +3,7 @@
 Plain GRPO takes the step's prompts in one generation round. With rollout.dynamic_sampling (DAPO), a group
 whose scores are all equal carries no gradient, so it is dropped and fresh prompts are sampled in further
 rounds until prompts_per_step groups are kept or rollout.max_sampling_rounds is reached (then the step
-trains on what it has). The reward used for advantages is reward.functions' weighted sum (thinkrl/rewards.py;
+trains on what it has). The reward used for advantages is reward.functions' weighted sum (thinkrl/verifier/rewards.py;
 by default the verifier's score) plus DAPO's soft overlong punishment (reward.overlong_buffer); the verifier
 score (accuracy) is kept separately for logging and for the dynamic-sampling test.
 With several processes each rank takes its contiguous share of every round's prompts and keeps
@@ -22,10 +22,10 @@ from torch import Tensor
 
 from thinkrl import distributed
 from thinkrl.data import Prompt, step_prompts
-from thinkrl.rewards import RewardSet
 from thinkrl.rollout.completions import Completions, Sampling
 from thinkrl.rollout.engines import Engine
 from thinkrl.rollout.seeds import seeded_generate
+from thinkrl.verifier.rewards import RewardSet
 
 
 @dataclass
@@ -67,7 +67,7 @@ class RolloutContext:
     record_topk: int = 0  # the sampler's top-K and entropy, when the sampler stands in for pi_old
     record_entropy: bool = False
     seed_pool: Any = None  # Thinking Seeds' thinkrl.rollout.seeds.SeedPool
-    rewards: Any = None  # thinkrl.rewards.RewardSet; None = built from cfg.reward.functions (imported and checked here)
+    rewards: Any = None  # thinkrl.verifier.rewards.RewardSet; None = built from cfg.reward.functions (imported and checked here)
 
     def __post_init__(self) -> None:
         if self.rewards is None:

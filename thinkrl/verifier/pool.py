@@ -21,11 +21,11 @@ from thinkrl.verifier.grading import MAX_ANSWER_CHARS, grade, grader_name, score
 
 def _worker(conn: Connection, memory_mb: int, grade_fn) -> None:
     """Worker process: receive (task, function, completion, answer), send back (task, result): for function
-    None grade_fn's (score, extracted), otherwise what thinkrl.rewards.call reports for that reward function."""
+    None grade_fn's (score, extracted), otherwise what thinkrl.verifier.rewards.call reports for that reward function."""
     import logging
     import resource
 
-    from thinkrl import rewards
+    from thinkrl.verifier import rewards
 
     _tie_to_trainer()
     if memory_mb > 0:
@@ -54,7 +54,7 @@ def _worker(conn: Connection, memory_mb: int, grade_fn) -> None:
 
 def _grade_report(grade_fn, completion: str, answer: str) -> tuple[str, object]:
     """In a worker: grade_fn on one completion -> ("ok", (score, extracted)), ("raised", the exception) or ("bad",
-    what is wrong with the value it returned). A bare number stands for (score, None), as thinkrl/rewards.py takes
+    what is wrong with the value it returned). A bare number stands for (score, None), as thinkrl/verifier/rewards.py takes
     a grader's pair for its number; the score must be in [0, 1] (it is the accuracy), and an extracted answer
     that is not a string (a sympy expression, an int) is sent as its str()."""
     try:
@@ -176,7 +176,7 @@ class VerifierPool:
         return scores, extracted, stats
 
     def evaluate(self, completions: list[str], answers: list[str], functions: list | tuple = ()) -> tuple[list[float], list, list, dict]:
-        """grade(), plus reward functions (specs for thinkrl.rewards.call) on every completion, in the same workers:
+        """grade(), plus reward functions (specs for thinkrl.verifier.rewards.call) on every completion, in the same workers:
         each (completion, function) pair is a task of its own under the time limit. values[f][i]: what the worker
         reported for function f on completion i, or None when that task timed out or crashed (counted in stats).
         Afterwards `last_failures` maps each completion whose grading timed out or crashed to "timeout" / "crash"

@@ -23,7 +23,7 @@ import math
 import torch
 
 from thinkrl.errors import UserError
-from thinkrl.learner.logprobs import visit_distributions
+from thinkrl.forward import visit_distributions
 from thinkrl.rollout.completions import Completions, Sampling
 from thinkrl.rollout.engines import Engine, quiet
 from thinkrl.rollout.sampling import processed_logp

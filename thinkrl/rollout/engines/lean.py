@@ -24,7 +24,7 @@ from collections import deque
 import torch
 from torch import Tensor
 
-from thinkrl import allocator
+from thinkrl import accel
 from thinkrl.rollout.completions import Completions, Sampling
 from thinkrl.rollout.engines.lean_decoder import LeanDecoder
 from thinkrl.rollout.engines.record import Recorder
@@ -70,7 +70,7 @@ def lean_generate(
         return _run(dec, prompts, group_size, sampling, eos_ids, pad_id, generator, rec, limit)
     finally:
         dec.release()  # the storage is freed before the caller's next phase
-        allocator.release()  # and what the CPU block cache kept of this one (thinkrl/allocator.py)
+        accel.phase_end()  # and what the CPU block cache kept of this one
 
 
 def _run(dec: LeanDecoder, prompts, G: int, sampling: Sampling, eos_ids, pad_id: int, generator, rec: Recorder, limit: Tensor):

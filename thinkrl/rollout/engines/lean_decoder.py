@@ -10,10 +10,10 @@ with a new sequence, and storage follows the longest live row, not the budget. `
 the update phase).
 
 On the CPU in float32 a decode step's attention (rotary embedding, key/value store, attention, each row
-over its own length) runs in a small C kernel (decode_kernel.py); elsewhere in torch operations and SDPA.
+over its own length) runs in a small C kernel (thinkrl/accel/decode_kernel.py); elsewhere in torch operations and SDPA.
 
-Each generation call starts by packing the (just refreshed) weights for oneDNN (thinkrl/packed.py: 3.6x
-faster decode matmuls on this project's CPU, measured); `release()` drops the packed copy with the storage.
+Each generation call starts by packing the (just refreshed) weights for oneDNN (thinkrl/accel/packed.py;
+plain F.linear where that does not apply); `release()` drops the packed copy with the storage.
 """
 
 from __future__ import annotations
@@ -24,8 +24,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from thinkrl.packed import PackedLinear
-from thinkrl.rollout.engines import decode_kernel
+from thinkrl import accel
+from thinkrl.accel.decode_kernel import DecodeStep
+from thinkrl.accel.packed import PackedLinear
 from thinkrl.rollout.engines.slot_storage import SlotStorage
 
 SUPPORTED = ("LlamaForCausalLM", "Qwen2ForCausalLM")
@@ -206,7 +207,7 @@ class LeanDecoder:
         positions = self.kv.lengths[: tokens.shape[0]]  # (n,) where each new token goes
         end = int(positions.max()) + 1
         self.kv.reserve(end)
-        attention = self._in_kernel if decode_kernel.usable(self.kv.keys[0]) else self._in_sdpa
+        attention = self._in_kernel if accel.decode_attention_usable(self.kv.keys[0]) else self._in_sdpa
         x = self._layers(tokens[:, None], positions[:, None], attention(positions, end))  # (n, 1, H)
         self.kv.lengths[: len(positions)] = positions + live.long()
         return self._logits(x)[:, 0]  # (n, V)
@@ -216,7 +217,7 @@ class LeanDecoder:
         n, Hq, Hk, D = len(positions), self.Hq, self.Hk, self.D
 
         def attention(cos: Tensor, sin: Tensor):
-            step = decode_kernel.DecodeStep(positions, cos.view(n, D), sin.view(n, D), Hk, Hq // Hk)
+            step = DecodeStep(positions, cos.view(n, D), sin.view(n, D), Hk, Hq // Hk)
             return lambda i, qkv: step(qkv.view(n, Hq + 2 * Hk, D), self.kv.keys[i], self.kv.values[i]).view(n, 1, Hq * D)
 
         return attention

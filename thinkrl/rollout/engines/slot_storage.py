@@ -8,7 +8,7 @@ the live rows into storage for them alone, so the last long rows of a batch do n
 slot.
 
 Storage is only ever remade at other sizes, so every replaced tensor goes back to the system at once
-(allocator.release) instead of into the CPU block cache, where no later request would fit it and it would
+(accel.phase_end) instead of into the CPU block cache, where no later request would fit it and it would
 stay resident to the end of the generation.
 """
 
@@ -19,7 +19,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from thinkrl import allocator
+from thinkrl import accel
 
 CHUNK = 64  # smallest capacity step, in positions; growth is geometric above it (amortised O(1) per token)
 
@@ -91,4 +91,4 @@ class SlotStorage:
         for store in (self.keys, self.values):
             for i in range(len(store)):
                 store[i] = make(store[i])
-                allocator.release()
+                accel.phase_end()

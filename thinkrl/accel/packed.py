@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from thinkrl.accel.switch import enabled
 from thinkrl.models import forwards_replaced
 
 
@@ -28,6 +29,8 @@ def can_pack(weight: Tensor) -> bool:
     """True where oneDNN can pack this weight: a CPU float32 matrix (bfloat16 only where the CPU computes in
     it), with the ops in this torch build."""
     ops = torch.ops.mkldnn
+    if not enabled():  # THINKRL_ACCEL=0: plain F.linear
+        return False
     if not (weight.device.type == "cpu" and weight.dim() == 2 and torch.backends.mkldnn.is_available()):
         return False
     if not (hasattr(ops, "_reorder_linear_weight") and hasattr(ops, "_linear_pointwise")):

@@ -1,5 +1,5 @@
 """Building thinkrl's two small native helpers on first use: the lean decoder's attention kernel
-(rollout/engines/decode_attention.c) and the CPU block cache (cpu_cache.cpp, see allocator.py).
+(thinkrl/accel/decode_attention.c) and the CPU block cache (cpu_cache.cpp, see allocator.py).
 
 Each is compiled with the system compiler into $THINKRL_CACHE/native (default ~/.cache/thinkrl/native), once
 per source, compiler, flags and whatever else the caller names (the CPU for -march=native, torch's version

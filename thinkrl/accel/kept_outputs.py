@@ -4,7 +4,7 @@ Checkpointing (logprobs._checkpointed) drops a layer's activations after its for
 again in the backward. Some results are small next to the work that recomputes them: the long causal
 attention's output and log-sum-exp (attention.py: its cost grows with the square of the length), and the
 output of a linear layer, which costs 2 x in_features FLOPs per value to recompute (fused_lora.py).
-`kept_in_replay(shapes)` gives torch.utils.checkpoint a pair of contexts: inside the layer's forward,
+`kept_in_recompute(shapes)` gives torch.utils.checkpoint a pair of contexts: inside the layer's forward,
 `result(tag, compute)` stores what compute returns; inside the replay it hands that value back instead of
 computing it again. The same operation on the same inputs made it, so no value or gradient changes.
 
@@ -35,7 +35,7 @@ def _kept(how: str, results: list, shapes: frozenset) -> Iterator[None]:
         _mode = before
 
 
-def kept_in_replay(shapes: frozenset = frozenset()) -> tuple[contextlib.AbstractContextManager, contextlib.AbstractContextManager]:
+def kept_in_recompute(shapes: frozenset = frozenset()) -> tuple[contextlib.AbstractContextManager, contextlib.AbstractContextManager]:
     """`context_fn` for torch.utils.checkpoint: (forward context, replay context) of one checkpointed layer."""
     results: list[tuple[Any, Any]] = []
     return _kept("store", results, shapes), _kept("reuse", results, shapes)

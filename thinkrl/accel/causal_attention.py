@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from thinkrl.learner import replay
+from thinkrl.accel import kept_outputs
 
 NAME = "thinkrl_sdpa"
 MIN_COMPLETION = 768  # completion positions (the pass's padded length) from which the causal form is used (below it, it measured slower)
@@ -55,7 +55,7 @@ def _attention(module, query: Tensor, key: Tensor, value: Tensor, attention_mask
     B, Hq, T, D = query.shape
     P = key.shape[2] - T  # prompt positions before the completion
     padded = torch.cat([query.new_zeros((B, Hq, P, D)), query], dim=2) if P else query  # (B, Hq, P + T, D)
-    if replay.active() and not dropout and padded.device.type == "cpu":  # a checkpointed layer keeps the result
+    if kept_outputs.active() and not dropout and padded.device.type == "cpu":  # a checkpointed layer keeps the result
         out = _KeptAttention.apply(padded, key, value, scaling)
     else:
         out = F.scaled_dot_product_attention(
@@ -71,7 +71,7 @@ class _KeptAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, scale: float | None) -> Tensor:
         kernel = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-        out, lse = replay.result(NAME, lambda: kernel(q, k, v, 0.0, True, scale=scale))
+        out, lse = kept_outputs.result(NAME, lambda: kernel(q, k, v, 0.0, True, scale=scale))
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.scale = scale
         return out  # (B, Hq, L, D)

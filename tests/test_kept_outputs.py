@@ -1,4 +1,4 @@
-"""A checkpointed layer's replay reuses the outputs of the linear layers its pass keeps (thinkrl/learner/replay.py):
+"""A checkpointed layer's replay reuses the outputs of the linear layers its pass keeps (thinkrl/accel/kept_outputs.py):
 the same log-probs and gradients to the bit, fewer matmuls in the backward, and the kept shapes chosen by the
 activation budget, most recompute FLOPs per byte first."""
 
@@ -8,10 +8,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from thinkrl.fused_lora import fused_lora_layers, lora_shapes
-from thinkrl.learner import replay, update
-from thinkrl.learner.logprobs import activation_bytes, replay_bytes, token_logprobs
-from thinkrl.packed import can_pack, packed_frozen_linears
+from thinkrl.accel import kept_outputs
+from thinkrl.accel.fused_lora import fused_lora_layers, lora_shapes
+from thinkrl.accel.packed import can_pack, packed_frozen_linears
+from thinkrl.learner import update
+from thinkrl.learner.logprobs import activation_bytes, recompute_bytes, token_logprobs
+
+pytestmark = pytest.mark.usefixtures("accel_on")  # tests of the CPU speed-ups themselves
 
 needs_packing = pytest.mark.skipif(not can_pack(torch.zeros(2, 2)), reason="oneDNN cannot pack float32 weights in this torch build")
 
@@ -56,13 +59,13 @@ def test_kept_linears_take_the_most_flops_per_byte_first_while_they_fit():
     # a Llama layer's LoRA linears: down (1536 -> 576), k and v (576 -> 192), q and o (576 -> 576), gate and up
     shapes = Counter({(1536, 576): 1, (576, 192): 2, (576, 576): 2, (576, 1536): 2})
     per = 10  # bytes one output feature takes over the pass
-    assert replay.kept_linears(shapes, per, 0) == frozenset()
-    assert replay.kept_linears(shapes, per, 576 * per) == {(1536, 576)}
-    assert replay.kept_linears(shapes, per, 576 * per + 383 * per) == {(1536, 576)}  # k and v need 384
-    assert replay.kept_linears(shapes, per, 960 * per) == {(1536, 576), (576, 192)}
+    assert kept_outputs.kept_linears(shapes, per, 0) == frozenset()
+    assert kept_outputs.kept_linears(shapes, per, 576 * per) == {(1536, 576)}
+    assert kept_outputs.kept_linears(shapes, per, 576 * per + 383 * per) == {(1536, 576)}  # k and v need 384
+    assert kept_outputs.kept_linears(shapes, per, 960 * per) == {(1536, 576), (576, 192)}
     # q and o do not fit beside the others, gate and up do not fit at all; what fits further down is still taken
-    assert replay.kept_linears(shapes, per, 575 * per) == {(576, 192)}
-    assert replay.kept_linears(shapes, per, (576 + 384 + 1152 + 3072) * per) == set(shapes)
+    assert kept_outputs.kept_linears(shapes, per, 575 * per) == {(576, 192)}
+    assert kept_outputs.kept_linears(shapes, per, (576 + 384 + 1152 + 3072) * per) == set(shapes)
 
 
 def test_auto_checkpointing_keeps_what_the_rest_of_the_budget_holds(tiny_model_dir, monkeypatch):
@@ -74,7 +77,7 @@ def test_auto_checkpointing_keeps_what_the_rest_of_the_budget_holds(tiny_model_d
     c, tokens = model.config, 100
     ctx = SimpleNamespace(cfg=Config(), policy=model)
     down = (c.intermediate_size, c.hidden_size)
-    base, full = replay_bytes(c, tokens), activation_bytes(c, tokens)
+    base, full = recompute_bytes(c, tokens), activation_bytes(c, tokens)
     monkeypatch.setattr(update, "ACTIVATION_BUDGET", full)
     assert update._checkpointing(ctx, tokens) == (False, frozenset())  # fits: no checkpointing
     monkeypatch.setattr(update, "ACTIVATION_BUDGET", base)
@@ -88,9 +91,9 @@ def test_auto_checkpointing_keeps_what_the_rest_of_the_budget_holds(tiny_model_d
 
 def test_a_replay_out_of_step_is_an_error_not_a_wrong_value():
     first, second = object(), object()
-    store, reuse = replay.kept_in_replay()
+    store, reuse = kept_outputs.kept_in_recompute()
     with store:
-        replay.result(first, lambda: torch.ones(2))
+        kept_outputs.result(first, lambda: torch.ones(2))
     with reuse, pytest.raises(RuntimeError, match="out of step"):
-        replay.result(second, lambda: torch.zeros(2))
-    assert not replay.active()
+        kept_outputs.result(second, lambda: torch.zeros(2))
+    assert not kept_outputs.active()

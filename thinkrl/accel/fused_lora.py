@@ -1,5 +1,5 @@
 """A LoRA layer's forward and backward as one operation for the update phase: y = x W^T + b + s (x A^T) B^T
-with the frozen base W through its packed copy (thinkrl/packed.py) and the low-rank term added into y in
+with the frozen base W through its packed copy (thinkrl/accel/packed.py) and the low-rank term added into y in
 place.
 
 Why: peft computes base(x), then lora_B(lora_A(x)), then that times s, then the sum: three temporaries of
@@ -24,9 +24,9 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor
 
-from thinkrl.learner import replay
+from thinkrl.accel import kept_outputs
+from thinkrl.accel.packed import PackedLinear, can_pack, kept_packing
 from thinkrl.models import forwards_replaced
-from thinkrl.packed import PackedLinear, can_pack, kept_packing
 
 
 class _LoRALinear(torch.autograd.Function):
@@ -42,8 +42,8 @@ class _LoRALinear(torch.autograd.Function):
             return y.addmm_(h, B.t(), alpha=scale).view(*x.shape[:-1], y.shape[-1])  # (..., out)
 
         # in a checkpointed layer whose pass keeps this shape's outputs, the replay takes the forward's
-        # (learner/replay.py); x2 and h, which the backward needs, are recomputed either way
-        y = replay.result(tag, output) if replay.keeps((x.shape[-1], base.out_features)) else output()
+        # (thinkrl/accel/kept_outputs.py); x2 and h, which the backward needs, are recomputed either way
+        y = kept_outputs.result(tag, output) if kept_outputs.keeps((x.shape[-1], base.out_features)) else output()
         ctx.save_for_backward(x2, h, A, B)
         ctx.W, ctx.scale, ctx.shape = W, scale, x.shape
         return y
@@ -109,5 +109,5 @@ def fused_lora_layers(model: torch.nn.Module, rows: int) -> Iterator[int]:
 
 def lora_shapes(model: torch.nn.Module) -> Counter:
     """How many LoRA Linear layers of each (in_features, out_features) the fused path covers in `model`: what
-    a checkpointed pass can keep the outputs of (learner/replay.py)."""
+    a checkpointed pass can keep the outputs of (thinkrl/accel/kept_outputs.py)."""
     return Counter((m.in_features, m.out_features) for m in _lora_linears(model))

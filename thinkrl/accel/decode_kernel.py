@@ -13,7 +13,7 @@ per block of query heads, whole generations went 4.49 -> 4.21-4.30 s at 64 token
 s at 512 (docs/engines.md). Each row's output depends on its own keys alone, so a row decodes to the same
 bits whatever shares its step; against SDPA it differs by summation order (~3e-7).
 
-Built by thinkrl/native.py once per source, compiler and CPU (it is compiled for the CPU it runs on:
+Built by thinkrl/accel/native.py once per source, compiler and CPU (it is compiled for the CPU it runs on:
 -march=native; $CC, else cc or gcc); about half a second. Threads: OpenMP, only when
 the process already runs torch's libgomp (the kernel then shares torch's thread pool; a second OpenMP
 runtime would fight it for the cores), else one thread. Where it cannot be built (no compiler, not Linux) the
@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from thinkrl import native
+from thinkrl.accel import native
 
 SOURCE = Path(__file__).with_name("decode_attention.c")
 _loaded: list = []  # [the C function or None], filled by the first load()

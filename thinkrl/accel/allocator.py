@@ -20,7 +20,7 @@ tensors. Trimming the heap (malloc_trim) between decoder layers brought that pea
 replace the threshold.
 
 So, on top of the threshold, a cache of freed blocks of 1 MiB or more sits in front of torch's CPU allocator
-(cpu_cache.cpp, built by thinkrl/native.py on first use): a training pass frees and asks again for the same
+(cpu_cache.cpp, built by thinkrl/accel/native.py on first use): a training pass frees and asks again for the same
 sizes layer after layer, and the cache hands a freed block back instead of fresh pages, at most 512 MiB kept,
 emptied at the end of every generation and every update phase. Measured (update phase alone, 16 completions,
 this module's threshold both times, same hour; a first version of the cache with the same sizes): at 1,024
@@ -49,7 +49,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from thinkrl import native
+from thinkrl.accel import native
 
 MMAP_THRESHOLD = 4 * 2**20  # bytes: fixed, where glibc would let it grow to 32 MiB
 _M_MMAP_THRESHOLD = -3  # mallopt's parameter number (malloc.h)
