@@ -1,9 +1,9 @@
 """THINKRL_ACCEL=0: the plain torch path (what a GPU runs) gives the run the accelerated CPU path gives.
 
 The hooks of thinkrl/accel step aside when it is off; a training run on the tiny model (several updates per
-rollout, so the ratios move, and checkpointing on) and the demo's first steps on the bundled model (slow) give
-the same completions, the same metrics up to float32 summation order (relative 1e-4, the tolerance
-test_fused_lora.py gives gradients), and adapters within 0.1% of their norm.
+rollout, so the ratios move, and checkpointing on) gives the same completions, the same metrics up to float32
+summation order (relative 1e-4, the tolerance test_fused_lora.py gives gradients), and adapters within 0.1%
+of their norm; the demo on the bundled model (slow) does so up to its first sampled token that differs.
 """
 
 from __future__ import annotations
@@ -85,11 +85,33 @@ def test_a_tiny_run_is_the_same_with_acceleration_off(tiny_model_dir, tmp_path, 
     assert_same_run(runs[True], runs[False])
 
 
+def steps_alike(a, b) -> int:
+    """How many leading steps two runs share to the last sampled token; those steps must also agree in every
+    metric (assert_same_run's tolerances)."""
+    (ma, ta, _), (mb, tb, _) = a, b
+    same = 0
+    for step in sorted({s for s, _ in ta}):
+        if [t for s, t in ta if s == step] != [t for s, t in tb if s == step]:
+            break
+        same = step
+    assert_same_run(
+        ([m for m in ma if m["step"] <= same], [t for t in ta if t[0] <= same], {}),
+        ([m for m in mb if m["step"] <= same], [t for t in tb if t[0] <= same], {}),
+    )
+    return same
+
+
 @pytest.mark.slow
-def test_the_demo_first_five_steps_are_the_same_with_acceleration_off(tmp_path, monkeypatch):
+def test_the_demo_first_steps_are_the_same_with_acceleration_off(tmp_path, monkeypatch):
+    """The demo samples at temperature 1 with 16 completions of up to 48 tokens a step: a draw whose uniform lands
+    within float32 rounding of a boundary between two tokens goes either way, and the packed matmuls sum in
+    another order than MKL's. So the runs agree exactly up to the first such draw, then follow their own paths:
+    measured here (2-core AMD EPYC, AVX2), steps 1-2 agreed and step 3 differed in one of its 16 completions.
+    What is asserted: the first step agrees in every sampled token and metric, and so does every step before
+    the first differing token."""
     runs = {}
     for on in (True, False):
         out = tmp_path / f"accel-{on}"
         run(["train", "--output-dir", str(out), "-o", "train.steps=5", "-o", "log.rollouts_every=1"], monkeypatch, on)
         runs[on] = outcome(out)
-    assert_same_run(runs[True], runs[False])
+    assert steps_alike(runs[True], runs[False]) >= 1

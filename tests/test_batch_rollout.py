@@ -5,7 +5,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-import thinkrl.learner.logprobs as batch_mod
+import thinkrl.forward as batch_mod
 from thinkrl.batch import TokenBatch
 from thinkrl.learner.logprobs import token_logprobs
 from thinkrl.models import left_pad

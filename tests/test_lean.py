@@ -167,7 +167,7 @@ def test_a_request_that_ends_at_its_first_token_frees_its_slot_at_once(llama):
 def test_the_recorder_keeps_every_step_across_its_growth():
     """The Recorder writes into buffers that grow past 64 tokens; what was written before a growth survives, and
     a vocabulary smaller than K gives K = vocabulary columns."""
-    from thinkrl.rollout.engines.record import Recorder
+    from thinkrl.rollout.engines.recorder import Recorder
 
     rec = Recorder(2, pad_id=-1, device="cpu", record_topk=3, record_entropy=True)
     dist = torch.log(torch.tensor([[0.25, 0.75], [0.5, 0.5]]))  # (2, V=2)

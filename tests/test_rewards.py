@@ -143,7 +143,7 @@ def test_a_value_that_is_not_a_finite_number_is_a_one_line_error(pool, text, sho
     "function, options, message",
     [
         ("no_such_module:f", {}, "reward.functions r: function='no_such_module:f' could not be loaded (No module named 'no_such_module')"),
-        ("thinkrl.rewards:VERIFIER", {}, "reward.functions r: function='thinkrl.rewards:VERIFIER' is not a function"),
+        ("thinkrl.verifier.rewards:VERIFIER", {}, "reward.functions r: function='thinkrl.verifier.rewards:VERIFIER' is not a function"),
         ("thinkrl.rewards:length_penalty", {"max_char": 5}, "reward.functions r: thinkrl.rewards:length_penalty cannot be called as"),
         ("helpers:distinct_chars", {"x": 1}, "fn(completion, answer, x=...)"),
     ],

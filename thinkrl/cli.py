@@ -111,6 +111,7 @@ def config_(
     print(describe(cfg, get_method(cfg.method.name, **cfg.method.params), named=method is not None))
 
 
+# over 60 lines: most of it declares the options
 @app.command("eval")
 def eval_(
     model: str = typer.Option("smollm2-135m", "--model", help="Hub id, local path, alias, RUN_DIR or RUN_DIR/checkpoints/step-N."),

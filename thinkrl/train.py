@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 from rich.markup import escape
@@ -46,12 +47,30 @@ from thinkrl.run.console import console, progress, shown, step_line
 from thinkrl.run.jsonl import JsonlLog
 from thinkrl.settings import on_policy_note, resolve_with_method
 from thinkrl.verifier import load_grader
+from thinkrl.verifier.shielded import ShieldedPool
 
 
 def train(cfg: Config, resume: bool = False, allow_changes: bool = False) -> Path:
     accel.process_start()  # on a CPU: allocator settings and the freed-block cache (thinkrl/accel)
     with contextlib.ExitStack() as held:  # the run directory's lock (thinkrl/run/lock.py), released however the run ends
         return _train(cfg, resume, held, allow_changes)
+
+
+@dataclass
+class _Run:
+    """What every step of one run works with."""
+
+    cfg: Config
+    s: setup.Setup
+    accelerator: Any
+    run_dir: Path
+    rank: int
+    rollout: RolloutContext
+    estimator: str
+    metrics_log: JsonlLog
+    rollouts_log: JsonlLog
+    step: int  # steps done
+    phase: str = "setup"  # what the step was doing, for an out-of-memory message
 
 
 def _train(cfg: Config, resume: bool, held: contextlib.ExitStack, allow_changes: bool = False) -> Path:
@@ -66,6 +85,84 @@ def _train(cfg: Config, resume: bool, held: contextlib.ExitStack, allow_changes:
     rank, world = distributed.world()
     main = rank == 0
     console.quiet = not main
+    _announce(cfg, resume, world)
+    locked = main and run_dir.is_dir()  # rank 0 locks a directory that exists before reading its checkpoint,
+    if locked:  # and a new one as soon as setup has worked and created it (setup.open_run_dir)
+        with faults.writes(run_dir / lock.NAME, run_dir, started=False):
+            held.enter_context(lock.DirLock(run_dir, "training run"))
+    ckpt, damaged = _checkpoint_to_resume(cfg, run_dir, resume, allow_changes)
+    setup.check_writable(run_dir)
+    grade_fn = load_grader(cfg.verifier.grader)  # a bad grader fails here, before config.yaml is written
+
+    # --- setup: data, model, method, optimizer, sampler, engine; the run directory appears once they work
+    s = setup.prepare(cfg, method, accelerator, run_dir, ckpt)
+    accelerator.wait_for_everyone()  # every rank has set up before rank 0 writes anything
+    setup.open_run_dir(cfg, run_dir, s.data_report, main, held if main and not locked else None, s.start if resume else None)
+    if main and damaged:
+        with faults.writes(run_dir / "checkpoints", run_dir):
+            for moved in intact.set_aside([bad for bad, _ in damaged]):
+                console.print(f"set the damaged checkpoint aside as {escape(str(moved))}; delete it when done with it", soft_wrap=True)
+    trackers.start(accelerator, cfg)
+    start, estimator = s.start, method.advantage if cfg.advantage.estimator == "auto" else cfg.advantage.estimator
+    metrics_log, rollouts_log = JsonlLog(run_dir / "metrics.jsonl"), JsonlLog(run_dir / "rollouts.jsonl")
+    for log in (metrics_log, rollouts_log) if main else ():
+        log.truncate_after(start)
+    flag = faults.StopFlag()
+    run = None
+    try:
+        with (
+            ShieldedPool(cfg.verifier.workers, cfg.verifier.timeout, grade_fn=grade_fn) as pool,
+            progress() as bar,
+        ):
+            eos, recorded = eos_ids(s.policy, s.tok), _sampler_records(method, cfg)
+            rollout = RolloutContext(
+                cfg, s.engine, s.sampler, s.tok, pool, eos, s.tok.pad_token_id, **recorded, seed_pool=s.seed_pool, rewards=s.rewards
+            )
+            run = _Run(cfg, s, accelerator, run_dir, rank, rollout, estimator, metrics_log, rollouts_log, start)
+            _steps(run, pool, bar, flag)
+    except RuntimeError as e:  # torch.cuda.OutOfMemoryError is a RuntimeError, as are older torch's OOM errors
+        if not faults.is_out_of_memory(e):
+            raise
+        step, phase = (run.step, run.phase) if run else (start, "setup")
+        raise UserError(faults.out_of_memory_message(cfg, step + 1, phase, run_dir)) from e
+    finally:
+        flag.restore()
+        s.engine.close()
+        accelerator.end_training()  # flush and close the trackers
+        distributed.shutdown()
+    console.print(f"run directory: {run_dir}")
+    return run_dir
+
+
+def _steps(run: _Run, pool, bar, flag: faults.StopFlag) -> None:
+    """Train from run.step to train.steps, checkpointing every save_every steps, at the end, on a signal
+    (then stop) and when updates keep failing (then stop with the error)."""
+    tc = run.cfg.train
+    task = bar.add_task(run.cfg.method.name, total=tc.steps, completed=run.step, info="")
+    nonfinite = 0  # steps in a row whose every update was skipped
+    for step in range(run.step, tc.steps):
+        run.step = step
+        record, upd = _step(run, step, pool)
+        nonfinite = faults.nonfinite_streak(nonfinite, upd)
+        bar.console.print(step_line(record, tc.steps), soft_wrap=True)
+        bar.update(task, advance=1, info=f"reward {record['reward/mean']:.3f}")
+        done = step + 1 == tc.steps
+        diverged = 0 < tc.max_nonfinite_steps <= nonfinite
+        stop = distributed.all_max(float(flag.stop)) > 0  # a signal seen by any rank stops them all
+        if done or (tc.save_every and (step + 1) % tc.save_every == 0) or stop or diverged:
+            _save(run, step + 1)
+            run.accelerator.wait_for_everyone()
+        if diverged:  # the checkpoint holds the last good weights: skipped updates changed nothing
+            dtype = str(next(run.s.policy.parameters()).dtype).removeprefix("torch.")
+            raise UserError(faults.nonfinite_message(run.cfg, step + 1, nonfinite, run.run_dir, dtype))
+        if stop and not done:
+            # soft_wrap: never wrapped at the console width, so the command stays one copyable line in a log file
+            console.print(f"stopped after step {step + 1}; continue with: thinkrl train --resume {run.run_dir}", soft_wrap=True)
+            return
+
+
+def _announce(cfg: Config, resume: bool, world: int) -> None:
+    """The run's first lines, and the one check that needs the process count."""
     console.print(run_summary(cfg, resume), soft_wrap=True)
     note = on_policy_note(cfg)
     if note:
@@ -75,134 +172,96 @@ def _train(cfg: Config, resume: bool, held: contextlib.ExitStack, allow_changes:
             f"rollout.prompts_per_step={cfg.rollout.prompts_per_step} must be a multiple of the {world} processes "
             "(each takes whole groups); change it or the process count"
         )
-    locked = main and run_dir.is_dir()  # rank 0 locks a directory that exists before reading its checkpoint,
-    if locked:  # and a new one as soon as setup has worked and created it (setup.open_run_dir)
-        with faults.writes(run_dir / lock.NAME, run_dir, started=False):
-            held.enter_context(lock.DirLock(run_dir, "training run"))
-    ckpt, damaged = intact.latest_intact(run_dir) if resume else (None, [])
-    if resume:  # what makes the run may not change (thinkrl/run/resume.py)
-        resuming.check(run_dir, cfg, allow_changes, checkpoint.checkpoint_step(ckpt) if ckpt else 0)
-    for bad, problem in damaged:  # never used: set aside as checkpoints/damaged-step-N once setup has worked
-        console.print(f"[yellow]note: {escape(problem)}: {bad.name} is damaged, so the run resumes from {ckpt.name}[/]", soft_wrap=True)
-    if resume and ckpt is None:
-        console.print(f"no complete checkpoint in {run_dir}: starting from step 0")
+
+
+def _checkpoint_to_resume(cfg: Config, run_dir: Path, resume: bool, allow_changes: bool) -> tuple[Path | None, list]:
+    """The newest intact checkpoint of a resumed run (None: start from step 0) and the damaged ones newer than
+    it; for a new run, the check that --output-dir may hold it."""
     if not resume:
         resuming.check_new_run_dir(run_dir)  # an existing run (use --resume) or the user's own files
-    setup.check_writable(run_dir)
-    grade_fn = load_grader(cfg.verifier.grader)  # a bad grader fails here, before config.yaml is written
+        return None, []
+    ckpt, damaged = intact.latest_intact(run_dir)
+    resuming.check(run_dir, cfg, allow_changes, checkpoint.checkpoint_step(ckpt) if ckpt else 0)  # what makes the run may not change
+    for bad, problem in damaged:  # never used: set aside as checkpoints/damaged-step-N once setup has worked
+        console.print(f"[yellow]note: {escape(problem)}: {bad.name} is damaged, so the run resumes from {ckpt.name}[/]", soft_wrap=True)
+    if ckpt is None:
+        console.print(f"no complete checkpoint in {run_dir}: starting from step 0")
+    return ckpt, damaged
 
-    # --- setup: data, model, method, optimizer, sampler, engine; the run directory appears once they work
-    s = setup.prepare(cfg, method, accelerator, run_dir, ckpt)
-    policy, tok, learner, sampler, engine, seed_pool = s.policy, s.tok, s.learner, s.sampler, s.engine, s.seed_pool
-    accelerator.wait_for_everyone()  # every rank has set up before rank 0 writes anything
-    setup.open_run_dir(cfg, run_dir, s.data_report, main, held if main and not locked else None, s.start if resume else None)
-    if main and damaged:
-        with faults.writes(run_dir / "checkpoints", run_dir):
-            for moved in intact.set_aside([bad for bad, _ in damaged]):
-                console.print(f"set the damaged checkpoint aside as {escape(str(moved))}; delete it when done with it", soft_wrap=True)
-    trackers.start(accelerator, cfg)
-    tc, rc, device, start = cfg.train, cfg.rollout, accelerator.device, s.start
-    estimator = method.advantage if cfg.advantage.estimator == "auto" else cfg.advantage.estimator
-    metrics_log, rollouts_log = JsonlLog(run_dir / "metrics.jsonl"), JsonlLog(run_dir / "rollouts.jsonl")
+
+def _step(run: _Run, step: int, pool) -> tuple[dict, dict]:
+    """One training step (step + 1): rollout, scores, advantages, update, evaluation, logs. Returns the step's
+    record (its metrics.jsonl line) and the update's metrics."""
+    cfg, s, rc, main = run.cfg, run.s, run.cfg.rollout, run.rank == 0
+    t0 = time.perf_counter()
+    generator = setup.reseed(cfg.train.seed, step + 1, run.accelerator.device, run.rank)
+
+    # 1-2. rollout and score: G completions per prompt with behaviour log-probs, rewards (B,)
+    run.phase = "generation"
+    s.sampler.refresh()
+    if s.seed_pool is not None:  # Thinking Seeds: every seeds.every steps the policy joins the pool
+        s.seed_pool.maybe_add(step, s.sampler.snapshot())
+    samples = collect(run.rollout, step, s.prompts, generator)
+    t2 = time.perf_counter()
+
+    # 3. advantages (B,) and 4. update (skipped when dynamic sampling kept no group)
+    run.phase = "update"
+    upd, adv, astats = {}, torch.zeros(0), {}
+    if samples.prompts:
+        adv, astats = compute_advantages(samples.rewards, rc.group_size, run.estimator, cfg.advantage.eps)
+    if distributed.all_sum([float(not samples.prompts)])[0] == 0:  # every rank kept a group: all update
+        comp = samples.comp
+        if rc.mask_truncated:  # DAPO's overlong filtering: truncated completions teach nothing
+            comp = replace(comp, mask=comp.mask & ~comp.truncated[:, None])
+        prompt_ids = [p.ids for p in samples.prompts for _ in range(rc.group_size)]
+        upd = update(s.learner, RolloutBatch(prompt_ids, comp, adv.to(run.accelerator.device), rc.group_size), generator)
+    t3 = time.perf_counter()
+
+    # 5. evaluate (eval.every), log
+    evals = {}
+    if main and cfg.eval.every and ((step + 1) % cfg.eval.every == 0 or step + 1 == cfg.train.steps):
+        run.phase = "evaluation"
+        evals = eval_during_training(s.sampler.refresh(current=True), s.tok, cfg, run.run_dir, step + 1, pool, s.engine)
+        evals["time/eval"] = time.perf_counter() - t3
+    record = records.step_record(step + 1, samples, upd, astats, {"time/update": t3 - t2, "time/step": t3 - t0, **evals})
     if main:
-        metrics_log.truncate_after(start)
-        rollouts_log.truncate_after(start)
+        with faults.writes(run.metrics_log.path, run.run_dir):
+            run.metrics_log.write(record)
+        run.accelerator.log(trackers.loggable(record), step=step + 1)
+    if cfg.log.rollouts_every and (step + 1) % cfg.log.rollouts_every == 0:
+        lines = records.rollout_records(step + 1, samples, adv, rc.group_size)
+        if main:
+            with faults.writes(run.rollouts_log.path, run.run_dir):
+                run.rollouts_log.write(lines)
+    return record, upd
 
-    def save(step: int) -> None:
-        state = {"seed": tc.seed, "method": cfg.method.name}
-        if not main:
-            return
-        try:
-            with faults.writes(run_dir / "checkpoints" / f"step-{step}", run_dir):
-                checkpoint.save(
-                    run_dir, step, policy, tok, learner.optimizer, learner.scheduler, method, state, tc.keep_last, sampler, seed_pool
-                )
-        except UserError:
-            with contextlib.suppress(OSError):  # the half-written temporary directory: give its space back now
-                checkpoint.remove_stale(run_dir)
-            raise
 
-    flag = faults.StopFlag()
-    step, phase, nonfinite = start, "setup", 0  # nonfinite: steps in a row whose every update was skipped
+def _save(run: _Run, step: int) -> None:
+    """Checkpoint `step` (rank 0); a failed write gives its temporary directory's space back at once."""
+    cfg, s, run_dir = run.cfg, run.s, run.run_dir
+    if run.rank != 0:
+        return
+    state = {"seed": cfg.train.seed, "method": cfg.method.name}
     try:
-        with (
-            faults.ShieldedPool(cfg.verifier.workers, cfg.verifier.timeout, grade_fn=grade_fn) as pool,
-            progress() as bar,
-        ):
-            task = bar.add_task(cfg.method.name, total=tc.steps, completed=start, info="")
-            eos, recorded = eos_ids(policy, tok), _sampler_records(method, cfg)
-            rollout = RolloutContext(
-                cfg, engine, sampler, tok, pool, eos, tok.pad_token_id, **recorded, seed_pool=seed_pool, rewards=s.rewards
+        with faults.writes(run_dir / "checkpoints" / f"step-{step}", run_dir):
+            learner = s.learner
+            checkpoint.save(
+                run_dir,
+                step,
+                s.policy,
+                s.tok,
+                learner.optimizer,
+                learner.scheduler,
+                s.method,
+                state,
+                cfg.train.keep_last,
+                s.sampler,
+                s.seed_pool,
             )
-            prompts = s.prompts
-            for step in range(start, tc.steps):
-                t0 = time.perf_counter()
-                generator = setup.reseed(tc.seed, step + 1, device, rank)
-
-                # 1-2. rollout and score: G completions per prompt with behaviour log-probs, rewards (B,)
-                phase = "generation"
-                sampler.refresh()
-                if seed_pool is not None:  # Thinking Seeds: every seeds.every steps the policy joins the pool
-                    seed_pool.maybe_add(step, sampler.snapshot())
-                samples = collect(rollout, step, prompts, generator)
-                t2 = time.perf_counter()
-
-                # 3. advantages (B,) and 4. update (skipped when dynamic sampling kept no group)
-                phase = "update"
-                upd, adv, astats = {}, torch.zeros(0), {}
-                if samples.prompts:
-                    adv, astats = compute_advantages(samples.rewards, rc.group_size, estimator, cfg.advantage.eps)
-                if distributed.all_sum([float(not samples.prompts)])[0] == 0:  # every rank kept a group: all update
-                    comp = samples.comp
-                    if rc.mask_truncated:  # DAPO's overlong filtering: truncated completions teach nothing
-                        comp = replace(comp, mask=comp.mask & ~comp.truncated[:, None])
-                    rb = RolloutBatch([p.ids for p in samples.prompts for _ in range(rc.group_size)], comp, adv.to(device), rc.group_size)
-                    upd = update(learner, rb, generator)
-                nonfinite = faults.nonfinite_streak(nonfinite, upd)
-                t3 = time.perf_counter()
-
-                # 5. evaluate (eval.every), log, checkpoint
-                done = step + 1 == tc.steps
-                evals = {}
-                if main and cfg.eval.every and ((step + 1) % cfg.eval.every == 0 or done):
-                    phase = "evaluation"
-                    evals = eval_during_training(sampler.refresh(current=True), tok, cfg, run_dir, step + 1, pool, engine)
-                    evals["time/eval"] = time.perf_counter() - t3
-                record = records.step_record(step + 1, samples, upd, astats, {"time/update": t3 - t2, "time/step": t3 - t0, **evals})
-                if main:
-                    with faults.writes(metrics_log.path, run_dir):
-                        metrics_log.write(record)
-                    accelerator.log(trackers.loggable(record), step=step + 1)
-                if cfg.log.rollouts_every and (step + 1) % cfg.log.rollouts_every == 0:
-                    lines = records.rollout_records(step + 1, samples, adv, rc.group_size)
-                    if main:
-                        with faults.writes(rollouts_log.path, run_dir):
-                            rollouts_log.write(lines)
-                bar.console.print(step_line(record, tc.steps), soft_wrap=True)
-                bar.update(task, advance=1, info=f"reward {record['reward/mean']:.3f}")
-                diverged = 0 < tc.max_nonfinite_steps <= nonfinite
-                stop = distributed.all_max(float(flag.stop)) > 0  # a signal seen by any rank stops them all
-                if done or (tc.save_every and (step + 1) % tc.save_every == 0) or stop or diverged:
-                    save(step + 1)
-                    accelerator.wait_for_everyone()
-                if diverged:  # the checkpoint holds the last good weights: skipped updates changed nothing
-                    dtype = str(next(policy.parameters()).dtype).removeprefix("torch.")
-                    raise UserError(faults.nonfinite_message(cfg, step + 1, nonfinite, run_dir, dtype))
-                if stop and not done:
-                    # soft_wrap: never wrapped at the console width, so the command stays one copyable line in a log file
-                    console.print(f"stopped after step {step + 1}; continue with: thinkrl train --resume {run_dir}", soft_wrap=True)
-                    break
-    except RuntimeError as e:  # torch.cuda.OutOfMemoryError is a RuntimeError, as are older torch's OOM errors
-        if not faults.is_out_of_memory(e):
-            raise
-        raise UserError(faults.out_of_memory_message(cfg, step + 1, phase, run_dir)) from e
-    finally:
-        flag.restore()
-        engine.close()
-        accelerator.end_training()  # flush and close the trackers
-        distributed.shutdown()
-    console.print(f"run directory: {run_dir}")
-    return run_dir
+    except UserError:
+        with contextlib.suppress(OSError):  # the half-written temporary directory: give its space back now
+            checkpoint.remove_stale(run_dir)
+        raise
 
 
 def run_summary(cfg: Config, resume: bool) -> str:

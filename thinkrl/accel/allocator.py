@@ -1,42 +1,15 @@
 """Where large CPU buffers come from: glibc's malloc, told once at start-up to hand every buffer of 4 MiB or
-more straight to the kernel (mmap), which takes it back on free.
+more straight to the kernel (mmap), which takes it back on free, and a cache of freed blocks of 1 MiB or more
+(cpu_cache.cpp, built by native.py on first use) in front of torch's CPU allocator.
 
-Why: by default glibc raises its mmap threshold each time a large mmap'd block is freed (up to 32 MiB), so
-after a few steps a training pass's activations (MBs each, freed in another order than they were allocated,
-with small long-lived tensors in between) come from the heap, which cannot shrink below its highest live
-block and keeps growing. Measured on this project's 2-core machine (SmolLM2-135M, update phase, 4 x 1,024
-completion tokens per pass, checkpointing on, and, in that measurement, packed copies of both W and W^T of
-the frozen base): peak RSS 5.2 GB with glibc's defaults, 3.7 GB at 4 MiB, 3.1 GB at 128 KiB, the loss the
-same to the bit. The threshold is not lower because every mmap'd buffer
-is zero-filled by the kernel page by page on first touch: at 128 KiB or 1 MiB the 64-token update phase,
-whose activations are 1-3 MB, took 11-12 s instead of 7. A user's own MALLOC_MMAP_THRESHOLD_ wins;
-elsewhere (not Linux, not glibc) this is a no-op.
-
-The price, measured later (update phase alone, 16 completions, fused LoRA layers, one run each): at 256
-tokens, whose activations are 5-13 MB, 47 s at 4 MiB against 36-39 s with glibc's defaults (peak RSS 2.7 vs
-3.7 GB); at 1,024 tokens 218 s against 181 s (2.9 vs 5.2 GB). With the defaults at 1,024 tokens malloc held
-only 1.8 GB in use at its peak and 2.6 GB free inside the heap: the growth is fragmentation, not live
-tensors. Trimming the heap (malloc_trim) between decoder layers brought that peak to 4.6 GB, not enough to
-replace the threshold.
-
-So, on top of the threshold, a cache of freed blocks of 1 MiB or more sits in front of torch's CPU allocator
-(cpu_cache.cpp, built by thinkrl/accel/native.py on first use): a training pass frees and asks again for the same
-sizes layer after layer, and the cache hands a freed block back instead of fresh pages, at most 512 MiB kept,
-emptied at the end of every generation and every update phase. Measured (update phase alone, 16 completions,
-this module's threshold both times, same hour; a first version of the cache with the same sizes): at 1,024
-tokens 181.3 s at 2.91 GB peak RSS without the cache, 147.7 s at 2.98 GB with it (one run each); at 64 tokens
-6.8-7.2 s / 3.18-3.38 GB without, 6.4-7.0 s / 3.02-3.13 GB with (three updates each). This file as it is: 256
-tokens 36.2-41.4 s / 2.63-2.77 GB without, 28.2-28.9 s / 2.74-2.83 GB with (two updates each). It changes no
-number (tests/test_memory_defaults.py). THINKRL_CPU_CACHE=0 leaves torch's allocator alone, as does a machine
-with CUDA; without a C++ compiler or torch's headers it is skipped with one warning.
-
-What it keeps is also bounded by the phase's own high-water mark: the cache's blocks in use plus kept never
-stand more than CACHE_SLACK above the most that has been in use at once since the phase began, so a new mark
-gives kept blocks back first and the cache does not raise the phase's peak. Measured (three checkpointed
-4 x 1,024-token training passes in one phase, one process each, the cache's own counters): blocks held at
-the peak 1,649 MB unbounded against 1,399 MB with the bound (1,336 MB in use), 30.8-35.9 s against
-32.5-35.0 s a pass; the process's peak RSS 2.76 against 2.66-2.68 GB (freed blocks under the 4 MiB threshold
-go back to glibc's heap, not always to the system). A whole 16 x 1,024-token step: 3,342 against 3,279 MB.
+Why: with glibc's defaults its mmap threshold rises as large blocks are freed, so a training pass's
+activations come from a heap that fragments and keeps growing; the fixed threshold stops that, and the cache
+gives back the zero-filled pages it costs, since a training pass asks for the same sizes layer after layer.
+The cache keeps at most CACHE_MAX, never more than CACHE_SLACK above the phase's own high-water mark, and is
+emptied at the end of every generation and update phase. Neither changes a number
+(tests/test_memory_defaults.py). THINKRL_CPU_CACHE=0 leaves torch's allocator alone, as does a machine with
+CUDA; a user's own MALLOC_MMAP_THRESHOLD_ wins; elsewhere (not Linux, not glibc) this is a no-op. The
+measurements that chose these numbers: docs/benchmarks.md.
 """
 
 from __future__ import annotations

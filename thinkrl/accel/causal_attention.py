@@ -1,31 +1,18 @@
 """Causal attention for the completion pass, so the kernel can skip the blocks a causal mask hides.
 
-The completion pass (logprobs.py) attends from T completion queries to [prompt cache | completion] keys,
-Lp + T of them. transformers hands SDPA an explicit mask for that shape (its `is_causal` aligns the diagonal
-top-left, which is wrong when there are more keys than queries), and with a mask SDPA's kernels compute every
-query-key block, though about half of the completion-to-completion blocks are masked out. Here, when no prompt
-of the pass is padded, the queries are preceded by Lp zero rows: then query i of the completion sits at
-position Lp + i, top-left `is_causal` lets it see exactly the prompt and completion tokens 0..i, and the
-kernel skips the masked blocks. The Lp extra rows are dropped from the output (their gradient is zero).
+The completion pass (thinkrl/forward.py) attends from T completion queries to [prompt cache | completion]
+keys, Lp + T of them. transformers hands SDPA an explicit mask for that shape (its `is_causal` aligns the
+diagonal top-left, which is wrong when there are more keys than queries), and with a mask SDPA computes every
+query-key block. Here, when no prompt of the pass is padded, the queries are preceded by Lp zero rows: query i
+then sits at position Lp + i, top-left `is_causal` lets it see exactly the prompt and completion tokens 0..i,
+and the kernel skips the masked blocks. The extra rows are dropped from the output (their gradient is zero).
+The output and query gradient are identical to the bit, key and value gradients equal up to summation order.
+Below MIN_COMPLETION positions the extra rows cost more than the skipped blocks save (docs/benchmarks.md).
 
-Measured on this project's 2-core CPU (SDPA forward and backward of one layer, 9 query / 3 key heads, 64
-dims, a 51-token prompt, as many rows as 4,096 completion tokens allow; alternating, best of two):
-at 1,024 completion tokens 222 ms instead of 309 ms, at 768 154 instead of 202, at 512 about the same (148
-vs 151), at 128 31 instead of 24: torch's CPU kernel works on key blocks of several hundred positions, so
-below that there are no whole blocks to skip and the extra rows only cost. Hence MIN_COMPLETION. The output and the query gradient are
-identical to the bit; key and value gradients equal up to summation order (~1e-7: the kernel's query blocks
-start at other positions).
-
-A checkpointed layer keeps this attention's output and log-sum-exp for its replay (replay.py)
-instead of running the kernel again: the forward of one layer's attention at 4 x 1,024 completion tokens is
-about 60 ms here, 1.8 s over SmolLM2's 30 layers, for about 0.3 GB kept (4 x 9 x 1,075 x 65 floats a layer).
-One checkpointed 4 x 1,024-token training pass (forward and backward, alternating in one process, 4 each):
-32.0 s kept against 33.7 s replayed, with the same values and gradients to the bit.
-
-The switch is an attention implementation registered with transformers (AttentionInterface) that behaves as
-"sdpa" unless the completion pass marks its call (`prompt_causal=True` in the forward's kwargs, which reach
-every layer's attention and every checkpointed replay of it). `prompt_causal_attention` selects it for the
-update phase, backward included, and restores "sdpa" after.
+A checkpointed layer keeps this attention's output and log-sum-exp for its recompute (kept_outputs.py)
+instead of running the kernel again. The switch is an attention implementation registered with transformers
+that behaves as "sdpa" unless the completion pass marks its call (`prompt_causal=True` in the forward's
+kwargs); `prompt_causal_attention` selects it for the update phase and restores "sdpa" after.
 """
 
 from __future__ import annotations

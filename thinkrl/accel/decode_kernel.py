@@ -1,23 +1,15 @@
 """The decode-step attention kernel (decode_attention.c): built with the system C compiler on first use,
 loaded with ctypes, used by the lean decoder on float32 CPU tensors.
 
-Why: in a decode step each row has 3 query heads per key head (SmolLM2: 9 over 3) and reads all of its
-keys and values once; that read is the floor. Measured on this project's 2-core machine (16 rows, 3 key
-heads of 64 dims, 30 layers' storage so every layer's keys come from memory, per layer, three runs):
-torch's SDPA 0.36-0.40 / 1.3-1.7 / 2.6-3.0 ms at 100 / 600 / 1,100 positions, this kernel 0.16-0.18 /
-0.64-0.69 / 1.0-1.5 ms. Whole generations (SmolLM2-135M, 16 rows, alternating in one process): 64 tokens
-4.66 -> 4.41 s, 512 tokens 47.6 -> 37.8 s. Since then the kernel also applies the rotary embedding and
-stores the new key and value (one call where about ten small torch operations per layer were): a decode
-step at 16 rows, 64 tokens, went from 54-63 to 49-52 ms (alternating processes); with the values read once
-per block of query heads, whole generations went 4.49 -> 4.21-4.30 s at 64 tokens and 39.5-40.1 -> 31.3-35.4
-s at 512 (docs/engines.md). Each row's output depends on its own keys alone, so a row decodes to the same
-bits whatever shares its step; against SDPA it differs by summation order (~3e-7).
+Why: in a decode step each row has a few query heads per key head and reads all of its keys and values once;
+that read is the floor, and SDPA took 1.5-3x as long (docs/benchmarks.md). The kernel also applies the rotary
+embedding and stores the new key and value. Each row's output depends on its own keys alone, so a row decodes
+to the same bits whatever shares its step; against SDPA it differs by summation order (~3e-7).
 
-Built by thinkrl/accel/native.py once per source, compiler and CPU (it is compiled for the CPU it runs on:
--march=native; $CC, else cc or gcc); about half a second. Threads: OpenMP, only when
-the process already runs torch's libgomp (the kernel then shares torch's thread pool; a second OpenMP
-runtime would fight it for the cores), else one thread. Where it cannot be built (no compiler, not Linux) the
-decoder uses SDPA and says so once; THINKRL_DECODE_KERNEL=0 turns the kernel off (SDPA everywhere).
+Built by native.py once per source, compiler and CPU (-march=native; $CC, else cc or gcc). Threads: OpenMP,
+only when the process already runs torch's libgomp (a second OpenMP runtime would fight it for the cores),
+else one thread. Where it cannot be built the decoder uses SDPA and says so once; THINKRL_DECODE_KERNEL=0
+turns the kernel off.
 """
 
 from __future__ import annotations

@@ -1,18 +1,12 @@
 """A LoRA layer's forward and backward as one operation for the update phase: y = x W^T + b + s (x A^T) B^T
-with the frozen base W through its packed copy (thinkrl/accel/packed.py) and the low-rank term added into y in
-place.
+with the frozen base W through its packed copy (packed.py) and the low-rank term added into y in place.
 
-Why: peft computes base(x), then lora_B(lora_A(x)), then that times s, then the sum: three temporaries of
-the layer's full output size per layer, and as many again in the backward. On CPU each temporary of a few
-MB is fresh memory the kernel zero-fills page by page on first touch, which costs far more than the
-arithmetic: measured on this project's 2-core machine, a (2,048 x 1,536) multiply-and-add took 14 ms into new
-buffers and 1 ms into kept ones, and peft's scaling, sum and B product were about a third of the update
-phase's time at 256-token completions. Here the forward writes one output and the backward one input
-gradient, with only (tokens x rank) temporaries beside them.
-
-The value differs from peft's by rounding only (the scale is applied inside the matmul instead of after
-it). Layers this does not cover (DoRA and other variants, several active adapters, a LoRA bias, merged or
-disabled adapters, active dropout, mixed dtypes, autocast) keep peft's forward.
+Why: peft makes three temporaries of the layer's full output size (and as many in the backward); on a CPU
+each is fresh memory the kernel zero-fills on first touch, which costs more than the arithmetic
+(docs/benchmarks.md). Here the forward writes one output and the backward one input gradient, with only
+(tokens x rank) temporaries beside them. The value differs from peft's by rounding only. Layers this does not
+cover (DoRA and other variants, several active adapters, a LoRA bias, merged or disabled adapters, active
+dropout, mixed dtypes, autocast) keep peft's forward.
 """
 
 from __future__ import annotations

@@ -1,17 +1,13 @@
-"""What a checkpointed decoder layer keeps for its replay, so the replay skips its costliest recomputation.
+"""What a checkpointed decoder layer keeps for its recompute, so the recompute skips its costliest parts.
 
-Checkpointing (logprobs._checkpointed) drops a layer's activations after its forward and runs the forward
+Checkpointing (forward._checkpointed) drops a layer's activations after its forward and runs the forward
 again in the backward. Some results are small next to the work that recomputes them: the long causal
-attention's output and log-sum-exp (attention.py: its cost grows with the square of the length), and the
-output of a linear layer, which costs 2 x in_features FLOPs per value to recompute (fused_lora.py).
-`kept_in_recompute(shapes)` gives torch.utils.checkpoint a pair of contexts: inside the layer's forward,
-`result(tag, compute)` stores what compute returns; inside the replay it hands that value back instead of
-computing it again. The same operation on the same inputs made it, so no value or gradient changes.
-
-Which linear layers keep their outputs is the update phase's choice per pass (update._checkpointing): as many
-as the activation budget holds, the most recompute FLOPs per byte first (`kept_linears`), named by their
-(in_features, out_features). Both are CPU paths (the attention's CPU kernel, the fused LoRA layers over
-packed float32 weights); elsewhere the replay recomputes everything.
+attention's output and log-sum-exp (causal_attention.py), and a linear layer's output, 2 x in_features FLOPs
+per value to recompute (fused_lora.py). `kept_in_recompute(shapes)` gives torch.utils.checkpoint a pair of
+contexts: inside the layer's forward `result(tag, compute)` stores what compute returns; inside the recompute
+it hands that value back. The same operation on the same inputs made it, so no value or gradient changes.
+Which linear layers keep their outputs is the update phase's choice per pass: as many as the activation
+budget holds, the most recompute FLOPs per byte first (`kept_linears`).
 """
 
 from __future__ import annotations

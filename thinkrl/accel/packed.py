@@ -2,14 +2,11 @@
 fixed while they are used many times: a sampling copy over one generation call, a frozen LoRA base over a
 whole run (packed at the first update phase, kept for the next ones).
 
-Why: torch's default CPU matmul for float32 goes through MKL's sgemm with the weight in its plain (out, in)
-layout. Measured on this project's machine (a 2-core AMD EPYC virtual machine, torch 2.13 CPU build), oneDNN with the
-weight reordered into its own blocked layout ran the decoder's matmuls 3.6x faster at 16 rows (a whole
-SmolLM2 decode step's matmuls: 129 ms -> 35 ms) and 1.2-1.5x faster at 640-2,048 rows, with float32 results
-that differ from F.linear's only by summation order (about 1e-6 relative). Reordering costs about one copy of
-the weights (0.3 s for 135M parameters here), so it pays only when a weight is used for many calls.
-
-On CUDA, without oneDNN, or for a dtype it does not pack, `PackedLinear` is plain F.linear.
+Why: torch's default float32 CPU matmul is MKL's sgemm over the plain (out, in) layout; oneDNN over its own
+blocked layout was faster on this project's machines, most at the few rows of a decode step
+(docs/benchmarks.md). Results differ from F.linear's by summation order only. Packing costs about one copy of
+the weights, so it pays only for a weight used many times. On CUDA, without oneDNN, for a dtype it does not
+pack, or with THINKRL_ACCEL=0, `PackedLinear` is plain F.linear.
 """
 
 from __future__ import annotations

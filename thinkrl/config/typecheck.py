@@ -19,6 +19,7 @@ from typing import Any, Literal, Union
 from thinkrl.errors import UserError, short
 
 
+# over 60 lines: one branch per form a config type takes (Any, unions, Literal, containers, dataclasses, scalars)
 def coerce(value: Any, tp: Any, where: str) -> Any:
     """Return `value` converted to type `tp`, or raise a UserError naming `where` and the value."""
     origin = typing.get_origin(tp)

@@ -164,6 +164,39 @@ def _duplicate_id(name: str, pid: str, here: str, first: str, numbered: bool) ->
     )
 
 
+def _problems(name: str, rows: list[dict], where: list[str], problem_key: str, answer_key: str, answer_fn, limit: int, skipped: dict):
+    """The usable problems of `rows` (at most `limit`; 0: all), counting each skipped row by why in `skipped`;
+    an id that names two different problems fails in one line naming both rows."""
+    problems, seen = [], {}  # seen: id -> (problem, answer, where, whether the row named its id)
+    for i, row in enumerate(rows):
+        raw = row.get(answer_key)
+        value = answer_fn(raw) if (answer_fn and raw is not None) else raw
+        answer = normalise_answer(value) if is_math_value(value) else None
+        text = row.get(problem_key)
+        why = None
+        if value is None or (answer is None and is_math_value(value)):
+            why = "missing answer"
+        elif answer is None:
+            why = "answer not a math value"  # NaN, inf, [2], true, {...}: text no grader should compare with
+        elif not isinstance(text, str) or not text.strip():
+            why = "missing problem"
+        else:
+            named = row.get("id") is not None
+            pid = str(row["id"] if named else i)
+            if pid not in seen:
+                seen[pid] = (text, answer, where[i], named)
+                problems.append(Problem(id=pid, problem=text, answer=answer))
+            elif seen[pid][:2] == (text, answer):
+                why = "duplicate row"  # the same problem twice would count twice in every metric
+            else:
+                raise UserError(_duplicate_id(name, pid, where[i], seen[pid][2], not (named and seen[pid][3])))
+        if why:
+            skipped[why] = skipped.get(why, 0) + 1
+        if limit and len(problems) >= limit:
+            break
+    return problems
+
+
 def load_problems(cfg: DataConfig, split: str | None = None) -> Loaded:
     """Problems of `cfg.name` for `split` (default: cfg.split, or the alias' own split)."""
     name = cfg.name
@@ -202,33 +235,7 @@ def load_problems(cfg: DataConfig, split: str | None = None) -> Loaded:
             raise UserError(  # repr: a stray byte-order mark, space or control character in a name shows
                 f"dataset {name} has no column {key!r} (columns: {', '.join(map(repr, columns))}); set {option} to the right one"
             )
-    problems, seen = [], {}  # seen: id -> (problem, answer, where, whether the row named its id)
-    for i, row in enumerate(rows):
-        raw = row.get(answer_key)
-        value = answer_fn(raw) if (answer_fn and raw is not None) else raw
-        answer = normalise_answer(value) if is_math_value(value) else None
-        text = row.get(problem_key)
-        why = None
-        if value is None or (answer is None and is_math_value(value)):
-            why = "missing answer"
-        elif answer is None:
-            why = "answer not a math value"  # NaN, inf, [2], true, {...}: text no grader should compare with
-        elif not isinstance(text, str) or not text.strip():
-            why = "missing problem"
-        else:
-            named = row.get("id") is not None
-            pid = str(row["id"] if named else i)
-            if pid not in seen:
-                seen[pid] = (text, answer, where[i], named)
-                problems.append(Problem(id=pid, problem=text, answer=answer))
-            elif seen[pid][:2] == (text, answer):
-                why = "duplicate row"  # the same problem twice would count twice in every metric
-            else:
-                raise UserError(_duplicate_id(name, pid, where[i], seen[pid][2], not (named and seen[pid][3])))
-        if why:
-            skipped[why] = skipped.get(why, 0) + 1
-        if cfg.limit and len(problems) >= cfg.limit:
-            break
+    problems = _problems(name, rows, where, problem_key, answer_key, answer_fn, cfg.limit, skipped)
     if not problems:
         raise UserError(f"dataset {name}: every row was skipped ({skipped}); check data.problem_key / data.answer_key")
     return Loaded(problems, skipped)

@@ -178,23 +178,7 @@ def _eval_dataset(
             texts = tok.batch_decode([row[m].tolist() for row, m in zip(comp.tokens, comp.mask)], skip_special_tokens=True)
             scores, extracted, _ = pool.grade(texts, [p.answer for p in chunk for _ in range(s.n)])
             failures = dict(getattr(pool, "last_failures", {}))  # sample -> "timeout" / "crash"
-            records = []
-            for i, text in enumerate(texts):
-                p, k = chunk[i // s.n], i % s.n
-                if (p.id, k) not in done:
-                    records.append(
-                        {
-                            "id": p.id,
-                            "sample": k,
-                            "completion": text,
-                            "extracted": extracted[i],
-                            "gold": p.answer,
-                            "correct": scores[i] == 1.0,
-                            "length": int(comp.lengths[i]),
-                            "truncated": bool(comp.truncated[i]),
-                            "zero_reason": zero_reason(scores[i] == 1.0, extracted[i], bool(comp.truncated[i]), failures.get(i)),
-                        }
-                    )
+            records = _sample_records(chunk, s.n, texts, scores, extracted, comp, failures, done)
             answer_classes(records, prior, lambda pairs: same_answers(pool, pairs))  # maj@n's votes, in the pool
             with writing(log.path, out_dir, run_dir):
                 log.write(records)
@@ -202,6 +186,37 @@ def _eval_dataset(
             correct, graded = correct + sum(r["correct"] for r in records), graded + len(records)
             info = f"acc {correct / max(graded, 1):.3f}  {new_tokens / (time.perf_counter() - t0):.0f} tok/s"
             bar.update(task, advance=len(texts), info=info)
+    return _summarise(
+        s, prompts, log, out_dir, run_dir, {**settings, "context_window": context, "clipped_prompts": clipped}, loaded.skipped
+    )
+
+
+def _sample_records(chunk: list, n: int, texts: list[str], scores, extracted, comp, failures: dict, done: set) -> list[dict]:
+    """samples.jsonl's lines for one generated chunk (n samples per prompt), less those already written."""
+    records = []
+    for i, text in enumerate(texts):
+        p, k = chunk[i // n], i % n
+        if (p.id, k) not in done:
+            truncated = bool(comp.truncated[i])
+            records.append(
+                {
+                    "id": p.id,
+                    "sample": k,
+                    "completion": text,
+                    "extracted": extracted[i],
+                    "gold": p.answer,
+                    "correct": scores[i] == 1.0,
+                    "length": int(comp.lengths[i]),
+                    "truncated": truncated,
+                    "zero_reason": zero_reason(scores[i] == 1.0, extracted[i], truncated, failures.get(i)),
+                }
+            )
+    return records
+
+
+def _summarise(s: EvalSettings, prompts: list, log: JsonlLog, out_dir: Path, run_dir: Path | None, settings: dict, skipped: dict) -> dict:
+    """Warn about clipped budgets and failed grading, then write and return summary.json from samples.jsonl."""
+    clipped, context = settings["clipped_prompts"], settings["context_window"]
     if clipped:
         console.print(
             f"[yellow]warning: {shown(s.dataset)}: max_new_tokens={s.max_new_tokens} did not fit the {context}-token context "
@@ -222,8 +237,8 @@ def _eval_dataset(
         "metrics": summarise(rows, s.n),
         "outcomes": ends,
         "verifier": {"timeouts": ends["timeout"], "crashes": ends["crash"]},
-        "settings": {**settings, "context_window": context, "clipped_prompts": clipped},
-        "skipped": loaded.skipped,
+        "settings": settings,
+        "skipped": skipped,
         "versions": versions(),
     }
     with writing(out_dir / "summary.json", out_dir, run_dir):

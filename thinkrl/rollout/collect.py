@@ -74,10 +74,33 @@ class RolloutContext:
             self.rewards = RewardSet(self.cfg.reward.functions)
 
 
+def _sample_and_grade(ctx: RolloutContext, step: int, batch: list[Prompt], sampling: Sampling, generator, stats: dict):
+    """One sampling round: G completions per prompt of `batch`, decoded and scored; adds to `stats`. Returns the
+    completions, their texts, the verifier's scores (P, G), the extracted answers and reward.functions' values."""
+    cfg, tok, G = ctx.cfg, ctx.tok, ctx.cfg.rollout.group_size
+    t0 = time.perf_counter()
+    ids = [p.ids for p in batch]
+    if ctx.seed_pool is not None:
+        comp = seeded_generate(ctx.engine, ctx.sampler, ctx.seed_pool, step, ids, G, sampling, cfg.seeds, ctx.eos, ctx.pad, generator, tok)
+    else:
+        model = ctx.sampler.restore()
+        comp = ctx.engine.generate(model, ids, G, sampling, ctx.eos, ctx.pad, generator, ctx.record_topk, ctx.record_entropy)
+        stats.update(ctx.engine.stats)
+    t1 = time.perf_counter()
+    texts = tok.batch_decode([row[m].tolist() for row, m in zip(comp.tokens, comp.mask)], skip_special_tokens=True)
+    scores, extracted, parts, vstats = ctx.rewards.evaluate(ctx.pool, texts, [p.answer for p in batch for _ in range(G)])
+    stats["time/generate"] += t1 - t0
+    stats["time/score"] += time.perf_counter() - t1
+    stats["verifier/timeouts"] += vstats["timeouts"]
+    stats["verifier/crashes"] += vstats["crashes"]
+    stats["verifier/errors"] += vstats.get("errors", 0)
+    return comp, texts, torch.tensor(scores, dtype=torch.float32).view(len(batch), G), extracted, parts  # scores (P, G)
+
+
 def collect(ctx: RolloutContext, step: int, prompts: list[Prompt], generator: torch.Generator) -> StepSamples:
     """The step's kept groups, sampled by ctx.engine with the sampler's last refresh and graded by ctx.pool;
     with a Thinking Seeds pool, part of each group starts from historical prefixes (thinkrl/rollout/seeds.py)."""
-    cfg, tok, pool, pad = ctx.cfg, ctx.tok, ctx.pool, ctx.pad
+    cfg, pad = ctx.cfg, ctx.pad
     rc, G = cfg.rollout, cfg.rollout.group_size
     rank, world = distributed.world()
     target = rc.prompts_per_step // world  # groups this rank keeps
@@ -95,24 +118,8 @@ def collect(ctx: RolloutContext, step: int, prompts: list[Prompt], generator: to
     }
     for rnd in range(rc.max_sampling_rounds if rc.dynamic_sampling else 1):
         batch = distributed.shard(_round_prompts(prompts, step, rnd, rc.prompts_per_step, cfg.train.seed), rank, world)
-        t0 = time.perf_counter()
-        ids = [p.ids for p in batch]
-        if ctx.seed_pool is not None:
-            comp = seeded_generate(ctx.engine, ctx.sampler, ctx.seed_pool, step, ids, G, sampling, cfg.seeds, ctx.eos, pad, generator, tok)
-        else:
-            model = ctx.sampler.restore()
-            comp = ctx.engine.generate(model, ids, G, sampling, ctx.eos, pad, generator, ctx.record_topk, ctx.record_entropy)
-            stats.update(ctx.engine.stats)
-        t1 = time.perf_counter()
-        texts = tok.batch_decode([row[m].tolist() for row, m in zip(comp.tokens, comp.mask)], skip_special_tokens=True)
-        scores, extracted, parts, vstats = ctx.rewards.evaluate(pool, texts, [p.answer for p in batch for _ in range(G)])
-        stats["time/generate"] += t1 - t0
-        stats["time/score"] += time.perf_counter() - t1
-        stats["verifier/timeouts"] += vstats["timeouts"]
-        stats["verifier/crashes"] += vstats["crashes"]
-        stats["verifier/errors"] += vstats.get("errors", 0)
+        comp, texts, scores, extracted, parts = _sample_and_grade(ctx, step, batch, sampling, generator, stats)
         stats["sampling/rounds"] += 1
-        scores = torch.tensor(scores, dtype=torch.float32).view(len(batch), G)  # (P, G)
         distinct += [len({a for a in extracted[g * G : (g + 1) * G] if a is not None}) for g in range(len(batch))]
         for g, p in enumerate(batch):
             if rc.dynamic_sampling and bool((scores[g] == scores[g, 0]).all()):

@@ -11,7 +11,6 @@ import contextlib
 import errno
 import shutil
 import signal
-from multiprocessing import resource_tracker
 from pathlib import Path
 
 import torch
@@ -21,9 +20,7 @@ from thinkrl.config import Config
 from thinkrl.errors import UserError
 from thinkrl.run import checkpoint
 from thinkrl.run.console import console
-from thinkrl.verifier import VerifierPool
-
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+from thinkrl.verifier.shielded import STOP_SIGNALS
 
 
 class StopFlag:
@@ -42,39 +39,6 @@ class StopFlag:
     def restore(self) -> None:
         for s, h in self._old.items():
             signal.signal(s, h)
-
-
-class ShieldedPool(VerifierPool):
-    """A VerifierPool whose workers never receive SIGINT/SIGTERM, so stopping is the trainer's decision alone.
-
-    Ctrl-C signals the whole foreground process group, and Slurm or systemd signal every process of a job:
-    a worker killed mid-sample would score it 0 (the checkpointed step would differ from an uninterrupted
-    run) and one killed while idle breaks the pipe the trainer writes to next. Each worker is spawned while
-    this thread blocks the two signals; the blocked mask survives exec, so the worker (and any process a
-    grader starts: stop those with kill(), as subprocess's timeout does) never sees them. A signal sent in
-    that window is delivered to the trainer once unblocked. Workers still stop on close() or a pipe EOF.
-    """
-
-    def __init__(self, *args, **kwargs) -> None:
-        self._procs = []
-        try:
-            super().__init__(*args, **kwargs)
-        except BaseException:  # e.g. Ctrl-C twice during start-up: multiprocessing's exit-time SIGTERM
-            for proc in self._procs:  # would not stop these workers, and joining them would hang
-                proc.kill()
-            raise
-
-    def _spawn(self):
-        # spawning starts multiprocessing's resource tracker the first time, with this same trick, and then
-        # unblocks both signals: start it first, or the first worker would be spawned unshielded
-        resource_tracker.ensure_running()
-        old = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
-        try:
-            proc, conn = super()._spawn()
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, old)
-        self._procs.append(proc)
-        return proc, conn
 
 
 def nonfinite_streak(streak: int, upd: dict) -> int:

@@ -27,7 +27,7 @@ from torch import Tensor
 from thinkrl import accel
 from thinkrl.rollout.completions import Completions, Sampling
 from thinkrl.rollout.engines.lean_decoder import LeanDecoder
-from thinkrl.rollout.engines.record import Recorder
+from thinkrl.rollout.engines.recorder import Recorder
 from thinkrl.rollout.engines.reference import reference_generate
 from thinkrl.rollout.sampling import draw, request_seed, uniforms
 
@@ -73,6 +73,8 @@ def lean_generate(
         accel.phase_end()  # and what the CPU block cache kept of this one
 
 
+# over 60 lines: advance and fill are closures over the slots' state (seven tensors and the queue), which
+# split into functions of their own would pass all of it back and forth
 def _run(dec: LeanDecoder, prompts, G: int, sampling: Sampling, eos_ids, pad_id: int, generator, rec: Recorder, limit: Tensor):
     device, S = rec.device, len(dec.kv.lengths)
     queue = deque(range(len(prompts) * G))  # request r answers prompt r // G

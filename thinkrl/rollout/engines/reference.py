@@ -11,7 +11,7 @@ import torch
 
 from thinkrl.models import cache_kwarg, left_pad
 from thinkrl.rollout.completions import Completions, Sampling
-from thinkrl.rollout.engines.record import Recorder
+from thinkrl.rollout.engines.recorder import Recorder
 from thinkrl.rollout.sampling import draw, request_seed, uniforms
 
 
