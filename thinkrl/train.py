@@ -202,19 +202,20 @@ def _step(run: _Run, step: int, pool) -> tuple[dict, dict]:
     if s.seed_pool is not None:  # Thinking Seeds: every seeds.every steps the policy joins the pool
         s.seed_pool.maybe_add(step, s.sampler.snapshot())
     samples = collect(run.rollout, step, s.prompts, generator)
+    G = samples.group_size  # one source for every stage below
     t2 = time.perf_counter()
 
     # 3. advantages (B,) and 4. update (skipped when dynamic sampling kept no group)
     run.phase = "update"
     upd, adv, astats = {}, torch.zeros(0), {}
     if samples.prompts:
-        adv, astats = compute_advantages(samples.rewards, rc.group_size, run.estimator, cfg.advantage.eps)
+        adv, astats = compute_advantages(samples.rewards, G, run.estimator, cfg.advantage.eps)
     if distributed.all_sum([float(not samples.prompts)])[0] == 0:  # every rank kept a group: all update
         comp = samples.comp
         if rc.mask_truncated:  # DAPO's overlong filtering: truncated completions teach nothing
             comp = replace(comp, mask=comp.mask & ~comp.truncated[:, None])
-        prompt_ids = [p.ids for p in samples.prompts for _ in range(rc.group_size)]
-        upd = update(s.learner, RolloutBatch(prompt_ids, comp, adv.to(run.accelerator.device), rc.group_size), generator)
+        prompt_ids = [p.ids for p in samples.prompts for _ in range(G)]
+        upd = update(s.learner, RolloutBatch(prompt_ids, comp, adv.to(run.accelerator.device), G), generator)
     t3 = time.perf_counter()
 
     # 5. evaluate (eval.every), log
@@ -229,7 +230,7 @@ def _step(run: _Run, step: int, pool) -> tuple[dict, dict]:
             run.metrics_log.write(record)
         run.accelerator.log(trackers.loggable(record), step=step + 1)
     if cfg.log.rollouts_every and (step + 1) % cfg.log.rollouts_every == 0:
-        lines = records.rollout_records(step + 1, samples, adv, rc.group_size)
+        lines = records.rollout_records(step + 1, samples, adv, G)
         if main:
             with faults.writes(run.rollouts_log.path, run.run_dir):
                 run.rollouts_log.write(lines)

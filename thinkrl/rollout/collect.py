@@ -35,6 +35,7 @@ class StepSamples:
     texts: list[str]  # decoded completions
     scores: Tensor  # (P * G,) verifier scores
     rewards: Tensor  # (P * G,) scores plus shaping
+    group_size: int  # G: completions per prompt, what every later stage groups rows by
     stats: dict[str, float] = field(default_factory=dict)
 
 
@@ -138,14 +139,14 @@ def collect(ctx: RolloutContext, step: int, prompts: list[Prompt], generator: to
     parts = [row for k in kept for row in k[4]]
     stats.update(ctx.rewards.means(parts))  # reward/<name> when reward.functions is set
     if not kept:
-        return StepSamples([], None, [], torch.zeros(0), torch.zeros(0), stats)
+        return StepSamples([], None, [], torch.zeros(0), torch.zeros(0), G, stats)
     comp = Completions.cat([k[1] for k in kept], pad)
     scores = torch.cat([k[3] for k in kept])  # (P * G,)
     rewards = torch.tensor(ctx.rewards.totals(parts), dtype=torch.float32)  # (P * G,) the default: = scores
     rewards += overlong_penalty(comp.lengths.cpu(), rc.max_new_tokens, cfg.reward.overlong_buffer, cfg.reward.overlong_penalty)
     if ctx.seed_pool is not None:
         stats.update(_seed_stats(comp, scores, ctx.seed_pool))
-    return StepSamples([k[0] for k in kept], comp, [t for k in kept for t in k[2]], scores, rewards, stats)
+    return StepSamples([k[0] for k in kept], comp, [t for k in kept for t in k[2]], scores, rewards, G, stats)
 
 
 def _seed_stats(comp: Completions, scores: Tensor, seed_pool) -> dict[str, float]:
