@@ -153,5 +153,5 @@ def test_an_upward_import_into_config_and_a_new_unit_are_caught(tmp_path):
 
 
 def test_the_loop_finder_names_a_loop():
-    assert cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) in (["a", "b", "c", "a"],)
+    assert cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert cycle({"a": {"b"}, "b": set()}) is None

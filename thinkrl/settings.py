@@ -28,7 +28,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] = (), recip
 
 def resolve_with_method(cfg: Config) -> tuple[Config, Method]:
     """The resolved config and the method it names, built once."""
-    config_load.validate(cfg)  # the method's fields are checked by its own Config below
+    config_load.validate(cfg)  # every section; the method's own fields are checked by its Config below
     method = get_method(cfg.method.name, **cfg.method.params)
     return config_load.resolve(cfg, method), method
 

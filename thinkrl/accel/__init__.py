@@ -10,7 +10,7 @@ rounding; tests/test_accel_switch.py runs the core both ways.
 
 The hooks: `process_start` (once per process), `update_pass` (around one update phase), `phase_end` (after a
 generation), `checkpoint_kwargs` / `kept_linears` / `attention_marks` (inside a training forward) and
-`linear` / `decode_attention_usable` (the lean decoder).
+`decode_attention_usable` (the lean decoder, whose packed.PackedLinear is plain F.linear when off).
 """
 
 from __future__ import annotations
@@ -20,8 +20,6 @@ from collections.abc import Iterator
 
 from thinkrl.accel import allocator, causal_attention, decode_kernel, fused_lora, kept_outputs, packed
 from thinkrl.accel.switch import enabled
-
-__all__ = ["enabled", "process_start", "update_pass", "phase_end", "checkpoint_kwargs", "kept_linears", "attention_marks"]
 
 PACK_ROWS = 512  # oneDNN's blocking hint for the frozen weights: tokens per training pass, roughly
 
@@ -71,12 +69,6 @@ def kept_linears(policy, tokens: int, bytes_per_value: int, room: int) -> frozen
     if not enabled():
         return frozenset()
     return kept_outputs.kept_linears(fused_lora.lora_shapes(policy), tokens * bytes_per_value, room)
-
-
-def linear(weight, bias=None, rows: int = 16) -> packed.PackedLinear:
-    """x @ weight.T + bias, with the weight packed for oneDNN where it can be (a copy: make a new one after
-    the weight changes)."""
-    return packed.PackedLinear(weight, bias, rows)
 
 
 def decode_attention_usable(keys) -> bool:

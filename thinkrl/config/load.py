@@ -172,9 +172,8 @@ def validate(cfg: Any, prefix: str = "") -> None:
 
 
 def resolve(cfg: Config, method: MethodSpec) -> Config:
-    """Check every section, then the rules that span sections; fill derived values (`method`'s full params:
-    it is cfg.method built, seeds.enabled, the constant L of seq-mean-token-sum-norm, output_dir)."""
-    validate(cfg)
+    """The rules that span sections of a validated `cfg`; fill derived values (`method`'s full params: it is
+    cfg.method built, seeds.enabled, the constant L of seq-mean-token-sum-norm, output_dir)."""
     cfg.method.params = method.config_dict()
     if (refusal := conflict(method, cfg.correction)) is not None:  # a method that corrects from mu itself
         raise UserError(refusal)

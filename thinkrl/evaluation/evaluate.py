@@ -13,9 +13,7 @@ thinkrl/evaluation/metrics.py.
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
-import os
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -28,10 +26,10 @@ from thinkrl.data import build_prompts, load_problems
 from thinkrl.errors import UserError
 from thinkrl.evaluation.metrics import answer_classes, outcomes, summarise, zero_reason
 from thinkrl.evaluation.settings import EvalSettings, check_resume, check_sample_count, resolve_settings, versions
+from thinkrl.evaluation.writes import check_output, writing
 from thinkrl.models import eos_ids, load_base, resolve_dtype, resolve_path
 from thinkrl.rollout.completions import Sampling
 from thinkrl.rollout.engines import Engine, make_engine
-from thinkrl.run import faults
 from thinkrl.run.atomic import write_atomic
 from thinkrl.run.checkpoint import checkpoint_step
 from thinkrl.run.console import console, progress, shown
@@ -73,41 +71,6 @@ def load_for_eval(model_arg: str, adapter: str | None, device: torch.device):
         except (RuntimeError, ValueError, KeyError) as e:  # size mismatches, target modules the model lacks
             raise UserError(adapter_mismatch(adapter, model_arg, e)) from e
     return model.to(device).eval().requires_grad_(False), tok, run_cfg  # frozen: generate may take the lean path
-
-
-def check_output(out_dir: Path) -> None:
-    """Before the model loads: out_dir can be made and written (no file where a directory goes, not read-only)."""
-    existing = next(p for p in (out_dir, *out_dir.parents) if p.exists())
-    if not existing.is_dir():
-        raise UserError(f"cannot write {out_dir}: {existing} is a file, not a directory; choose another --output (or move that file)")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise UserError(f"cannot write {out_dir}: {existing} is not writable (read-only); make it writable or choose another --output")
-
-
-@contextlib.contextmanager
-def writing(path: Path, out_dir: Path, run_dir: Path | None):
-    """A failed write of `path` becomes one line naming it, the reason and the fix. run_dir: evaluation during
-    training, whose fix is the trainer's (free space, then thinkrl train --resume)."""
-    try:
-        yield
-    except OSError as e:
-        named = Path(e.filename) if isinstance(e.filename, (str, Path)) else None
-        where = named if named is not None and named.parent != path.parent else path  # not a temporary sibling's name
-        raise UserError(faults.cannot_write(e, where, run_dir, True) if run_dir else cannot_write(e, where, out_dir)) from e
-
-
-def cannot_write(e: OSError, path: Path, out_dir: Path) -> str:
-    reason = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
-    if e.errno in (errno.ENOTDIR, errno.EEXIST):
-        file = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), path)
-        return f"cannot write {path} ({reason}): {file} is a file, not a directory; choose another --output (or move that file)"
-    fix = "make it writable" if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS) else "free space on that disk"
-    kept = (
-        "; the samples already in samples.jsonl are kept and the same command continues from them"
-        if (out_dir / "samples.jsonl").is_file()
-        else ""
-    )
-    return f"cannot write {path} ({reason}{faults.free_space(path)}); {fix} or choose another --output{kept}"
 
 
 def adapter_mismatch(adapter: str, model_arg: str, e: BaseException) -> str:
