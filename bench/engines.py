@@ -84,13 +84,13 @@ def one(engine_name: str, budget: int, group: int, mode: str, old: bool) -> dict
         def call(sampling, gen):
             return generate(model, prompts, group, sampling, eos, tok.pad_token_id, gen), {}
     else:
-        from thinkrl.rollout.completions import Sampling
+        from thinkrl.rollout.completions import Request, Sampling
         from thinkrl.rollout.engines import make_engine
 
         engine = make_engine(engine_name, torch.device("cpu"), 64, budget, model_path=resolve_path("smollm2-135m"))
 
         def call(sampling, gen):
-            comp = engine.generate(model, prompts, group, sampling, eos, tok.pad_token_id, gen, budgets=budgets)
+            comp = engine.generate(model, Request(prompts, group, sampling, eos, tok.pad_token_id, gen, budgets=budgets))
             return comp, dict(engine.stats)
 
     warm = Sampling(8, 1.0)

@@ -40,7 +40,7 @@ def bandwidth(device: str) -> float:
 
 
 def decode(engine_name: str, model, rows: int, context: int, new: int, bw: float) -> dict:
-    from thinkrl.rollout.completions import Sampling
+    from thinkrl.rollout.completions import Request, Sampling
     from thinkrl.rollout.engines import make_engine
 
     device = next(model.parameters()).device
@@ -49,12 +49,12 @@ def decode(engine_name: str, model, rows: int, context: int, new: int, bw: float
     prompts = [torch.randint(10, top, (context - new,), generator=g).tolist() for _ in range(rows)]
     engine = make_engine(engine_name, device, rows, new, model_path=model.config._name_or_path)
     budgets = [new] * rows  # no end-of-sequence: every row decodes exactly `new` tokens
-    engine.generate(model, prompts[:2], 1, Sampling(8, 1.0), [], 0, torch.Generator().manual_seed(1))  # warm-up
+    engine.generate(model, Request(prompts[:2], 1, Sampling(8, 1.0), [], 0, torch.Generator().manual_seed(1)))  # warm-up
     if device.type == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
-    comp = engine.generate(model, prompts, 1, Sampling(new, 1.0), [], 0, torch.Generator().manual_seed(2), budgets=budgets)
+    comp = engine.generate(model, Request(prompts, 1, Sampling(new, 1.0), [], 0, torch.Generator().manual_seed(2), budgets=budgets))
     if device.type == "cuda":
         torch.cuda.synchronize()
     seconds = time.perf_counter() - t0

@@ -94,14 +94,14 @@ def test_lean_generation_samples_the_same_with_and_without_the_kernel(tmp_path, 
     from tiny import build_tiny_model
     from transformers import AutoModelForCausalLM
 
-    from thinkrl.rollout.completions import Sampling
+    from thinkrl.rollout.completions import Request, Sampling
     from thinkrl.rollout.engines.lean import lean_generate
 
     model = AutoModelForCausalLM.from_pretrained(build_tiny_model(tmp_path / "m", heads=2, head_dim=64)).eval().requires_grad_(False)
     prompts = [[4, 65, 24, 17, 36], [4, 70, 71, 72, 73, 74, 75, 76, 5]]
 
     def generate():
-        return lean_generate(model, prompts, 3, Sampling(20, 1.0), [1], 0, torch.Generator().manual_seed(5), slots=4)[0]
+        return lean_generate(model, Request(prompts, 3, Sampling(20, 1.0), [1], 0, torch.Generator().manual_seed(5)), slots=4)[0]
 
     calls = []
     real = decode_kernel.DecodeStep.__call__

@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM
 from thinkrl.errors import UserError
 from thinkrl.forward import visit_distributions
 from thinkrl.learner.logprobs import token_logprobs
-from thinkrl.rollout.completions import Completions, Sampling
+from thinkrl.rollout.completions import Completions, Request, Sampling
 from thinkrl.rollout.engines import make_engine
 from thinkrl.rollout.engines.reference import reference_generate
 from thinkrl.rollout.sampling import processed_logp
@@ -57,7 +57,7 @@ def engine(request, tiny_dir):
 
 
 def run(engine, model, sampling: Sampling, prompts=PROMPTS, seed: int = 0, **record) -> Completions:
-    return engine.generate(model, prompts, G, sampling, EOS, 0, torch.Generator().manual_seed(seed), **record)
+    return engine.generate(model, Request(prompts, G, sampling, EOS, 0, torch.Generator().manual_seed(seed), **record))
 
 
 @torch.no_grad()
@@ -100,7 +100,7 @@ def test_behav_logp_is_the_processed_distribution(engine, model, sampling):
 def test_greedy_agrees_with_the_transformers_forward(engine, model):
     greedy = Sampling(12, 0.0)
     comp = run(engine, model, greedy)
-    ref = reference_generate(model, PROMPTS, G, greedy, EOS, 0)
+    ref = reference_generate(model, Request(PROMPTS, G, greedy, EOS, 0))
     assert torch.equal(comp.lengths, ref.lengths) and torch.equal(comp.tokens, ref.tokens)
 
 
@@ -120,7 +120,7 @@ def test_each_completion_ends_at_its_own_budget(engine, model):
     """Per-completion budgets (Thinking-Seeds continuations, eval prompts near the context limit); with no
     end-of-sequence id every completion runs to exactly its budget."""
     budgets = [1, 5, 9, 2, 7, 3, 9, 4, 6]
-    comp = engine.generate(model, PROMPTS, G, Sampling(9, 1.0), [], 0, torch.Generator().manual_seed(0), budgets=budgets)
+    comp = engine.generate(model, Request(PROMPTS, G, Sampling(9, 1.0), [], 0, torch.Generator().manual_seed(0), budgets=budgets))
     assert comp.lengths.tolist() == budgets and bool(comp.truncated.all())
 
 
@@ -130,11 +130,11 @@ def test_min_new_tokens_suppresses_an_early_end(engine, model):
     sampling = Sampling(12, 1.0, min_new_tokens=6)
     if engine.name == "transformers":  # its continuous batching drops the processor: refused, not ignored
         with pytest.raises(UserError, match="min_new_tokens is not supported by rollout.engine=transformers"):
-            engine.generate(model, PROMPTS, G, sampling, ends, 0, torch.Generator().manual_seed(0))
+            engine.generate(model, Request(PROMPTS, G, sampling, ends, 0, torch.Generator().manual_seed(0)))
         return
-    comp = engine.generate(model, PROMPTS, G, sampling, ends, 0, torch.Generator().manual_seed(0))
+    comp = engine.generate(model, Request(PROMPTS, G, sampling, ends, 0, torch.Generator().manual_seed(0)))
     assert comp.lengths.min() >= 6
-    free = engine.generate(model, PROMPTS, G, Sampling(12, 1.0), ends, 0, torch.Generator().manual_seed(0))
+    free = engine.generate(model, Request(PROMPTS, G, Sampling(12, 1.0), ends, 0, torch.Generator().manual_seed(0)))
     assert free.lengths.min() < 6  # without it, rows do end early here
 
 
@@ -178,7 +178,7 @@ def test_new_weights_are_what_the_engine_samples_with(engine, tiny_dir):
     model = sampler.refresh()
     after = run(engine, model, greedy)
     assert not torch.equal(before.tokens, after.tokens)
-    assert torch.equal(after.tokens, reference_generate(model, PROMPTS, G, greedy, EOS, 0).tokens)
+    assert torch.equal(after.tokens, reference_generate(model, Request(PROMPTS, G, greedy, EOS, 0)).tokens)
 
 
 @pytest.mark.parametrize("engine", ENGINES, indirect=True)
@@ -202,7 +202,7 @@ def test_thinking_seeds_prefixes_continue_under_the_current_policy(engine, tiny_
         policy.lm_head.weight.add_(0.3 * torch.randn_like(policy.lm_head.weight))
     sampler.refresh()
     gen = torch.Generator().manual_seed(0)
-    comp = seeded_generate(engine, sampler, pool, 1, PROMPTS, 4, Sampling(10, 1.0), cfg, EOS, 0, gen, tok)
+    comp = seeded_generate(engine, sampler, pool, 1, Request(PROMPTS, 4, Sampling(10, 1.0), EOS, 0, gen), tok)
     rows = [p for p in PROMPTS for _ in range(4)]
     prefix = comp.prefix_mask & comp.mask
     assert prefix.any() and comp.seed_step.eq(0).sum() == 2 * len(PROMPTS)

@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from thinkrl.rollout.completions import Sampling
+from thinkrl.rollout.completions import Request, Sampling
 from thinkrl.rollout.engines.lean import lean_generate
 from thinkrl.rollout.engines.lean_decoder import LeanDecoder
 from thinkrl.rollout.engines.reference import reference_generate
@@ -55,8 +55,8 @@ def test_lean_decoding_matches_the_transformers_forward(request, name, prompts, 
     model = request.getfixturevalue(name)
     assert LeanDecoder.supports(model)
     sampling, eos = Sampling(12, 0.9, top_p=0.95), [1, 30, 31]
-    ref = reference_generate(model, prompts, 3, sampling, eos, 0, torch.Generator().manual_seed(3), 4, True)
-    lean, stats = lean_generate(model, prompts, 3, sampling, eos, 0, torch.Generator().manual_seed(3), 4, True, slots)
+    ref = reference_generate(model, Request(prompts, 3, sampling, eos, 0, torch.Generator().manual_seed(3), 4, True))
+    lean, stats = lean_generate(model, Request(prompts, 3, sampling, eos, 0, torch.Generator().manual_seed(3), 4, True), slots)
     assert ref.lengths.min() < 12 <= ref.lengths.max()  # some rows stopped early, others ran to the budget
     assert torch.equal(ref.tokens, lean.tokens) and torch.equal(ref.lengths, lean.lengths)
     assert torch.equal(ref.truncated, lean.truncated)
@@ -74,8 +74,8 @@ def test_fused_weights_follow_in_place_writes(llama):
         for layer in llama.model.layers:
             layer.self_attn.k_proj.weight.mul_(1.5)
             layer.mlp.up_proj.weight.add_(0.01)
-    a = lean_generate(llama, PROMPTS, 2, Sampling(6, 1.0), [1], 0, torch.Generator().manual_seed(0))[0]
-    b = reference_generate(llama, PROMPTS, 2, Sampling(6, 1.0), [1], 0, torch.Generator().manual_seed(0))
+    a = lean_generate(llama, Request(PROMPTS, 2, Sampling(6, 1.0), [1], 0, torch.Generator().manual_seed(0)))[0]
+    b = reference_generate(llama, Request(PROMPTS, 2, Sampling(6, 1.0), [1], 0, torch.Generator().manual_seed(0)))
     assert torch.equal(a.tokens, b.tokens)
     torch.testing.assert_close(a.behav_logp, b.behav_logp, atol=1e-5, rtol=0)
 
@@ -83,14 +83,14 @@ def test_fused_weights_follow_in_place_writes(llama):
 def test_only_frozen_llama_shaped_models_take_the_lean_path(tiny_model_dir, llama):
     trainable = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     assert not LeanDecoder.supports(trainable)  # the policy itself is never rewired
-    comp, stats = lean_generate(trainable, PROMPTS, 2, Sampling(5, 0.0), [1], 0)  # the reference loop instead
+    comp, stats = lean_generate(trainable, Request(PROMPTS, 2, Sampling(5, 0.0), [1], 0))  # the reference loop instead
     assert comp.tokens.shape[0] == 6 and stats == {}
 
 
 def test_storage_grows_with_the_longest_live_row_not_the_budget(llama):
     """Budget 8,192 with rows that end early: the key/value capacity stays near prompt + longest row."""
     eos = list(range(40, 105))  # most of the vocabulary ends a row: completions of a few tokens
-    comp, stats = lean_generate(llama, PROMPTS, 4, Sampling(8192, 1.0), eos, 0, torch.Generator().manual_seed(1), slots=4)
+    comp, stats = lean_generate(llama, Request(PROMPTS, 4, Sampling(8192, 1.0), eos, 0, torch.Generator().manual_seed(1)), slots=4)
     longest = max(len(p) for p in PROMPTS) + int(comp.lengths.max())
     assert comp.lengths.max() < 20 and bool((~comp.truncated).all())
     assert stats["generate/kv_capacity"] <= max(CHUNK, longest + CHUNK)  # never the 8,192-token budget
@@ -102,8 +102,8 @@ def test_finished_slots_are_refilled_from_the_queue(llama):
     fewer steps than batches of 3 running to their longest row, and slots stay full while requests wait."""
     eos = list(range(60, 105))
     sampling = Sampling(30, 1.0)
-    refill = lean_generate(llama, PROMPTS, 6, sampling, eos, 0, torch.Generator().manual_seed(2), slots=3)
-    whole = lean_generate(llama, PROMPTS, 6, sampling, eos, 0, torch.Generator().manual_seed(2), slots=0)
+    refill = lean_generate(llama, Request(PROMPTS, 6, sampling, eos, 0, torch.Generator().manual_seed(2)), slots=3)
+    whole = lean_generate(llama, Request(PROMPTS, 6, sampling, eos, 0, torch.Generator().manual_seed(2)), slots=0)
     comp, stats = refill
     assert torch.equal(comp.tokens, whole[0].tokens)  # the same samples however they were scheduled
     lengths = comp.lengths.tolist()
@@ -125,11 +125,11 @@ def test_live_rows_move_into_the_lowest_slots_once_the_queue_is_dry(llama):
     dec.step = counted
     try:
         eos = list(range(60, 105))
-        comp, _ = lean_generate(llama, PROMPTS, 8, Sampling(40, 1.0), eos, 0, torch.Generator().manual_seed(4), slots=16)
+        comp, _ = lean_generate(llama, Request(PROMPTS, 8, Sampling(40, 1.0), eos, 0, torch.Generator().manual_seed(4)), slots=16)
     finally:
         del dec.step
     assert calls[0] == 16 and min(calls) < 16  # later steps ran over the packed live rows only
-    ref = reference_generate(llama, PROMPTS, 8, Sampling(40, 1.0), eos, 0, torch.Generator().manual_seed(4))
+    ref = reference_generate(llama, Request(PROMPTS, 8, Sampling(40, 1.0), eos, 0, torch.Generator().manual_seed(4)))
     assert torch.equal(comp.tokens, ref.tokens)
 
 
@@ -137,9 +137,8 @@ def test_the_last_long_rows_do_not_grow_storage_for_every_slot(llama):
     """Seven short completions and one of 200 tokens in 8 slots: once the short ones end, the long row is
     packed into storage of its own, so the storage never holds 8 slots x 200 positions."""
     budgets = [4, 4, 4, 4, 4, 4, 4, 200]
-    comp, stats = lean_generate(
-        llama, PROMPTS[:1], 8, Sampling(200, 1.0), [], 0, torch.Generator().manual_seed(0), slots=8, budgets=budgets
-    )
+    req = Request(PROMPTS[:1], 8, Sampling(200, 1.0), [], 0, torch.Generator().manual_seed(0), budgets=budgets)
+    comp, stats = lean_generate(llama, req, slots=8)
     assert comp.lengths.tolist() == budgets
     c = llama.config
     per_position = 2 * c.num_hidden_layers * c.num_key_value_heads * (c.hidden_size // c.num_attention_heads) * 4  # fp32 K and V
@@ -151,8 +150,8 @@ def test_the_first_token_comes_from_the_prefill(llama):
     """Every request's first token is drawn from its prompt's prefill logits: 12 tokens per row take 11 decode
     steps, and the tokens and log-probs are still the transformers forward's."""
     sampling = Sampling(12, 1.0)
-    comp, stats = lean_generate(llama, PROMPTS, 2, sampling, [], 0, torch.Generator().manual_seed(5))
-    ref = reference_generate(llama, PROMPTS, 2, sampling, [], 0, torch.Generator().manual_seed(5))
+    comp, stats = lean_generate(llama, Request(PROMPTS, 2, sampling, [], 0, torch.Generator().manual_seed(5)))
+    ref = reference_generate(llama, Request(PROMPTS, 2, sampling, [], 0, torch.Generator().manual_seed(5)))
     assert stats["generate/decode_steps"] == 11 and bool((comp.lengths == 12).all())
     assert torch.equal(comp.tokens, ref.tokens)
     torch.testing.assert_close(comp.behav_logp, ref.behav_logp, atol=1e-5, rtol=0)
@@ -160,7 +159,7 @@ def test_the_first_token_comes_from_the_prefill(llama):
 
 def test_a_request_that_ends_at_its_first_token_frees_its_slot_at_once(llama):
     """Budget 1: every request ends in the prefill, so no decode step runs and all 12 requests are answered."""
-    comp, stats = lean_generate(llama, PROMPTS, 4, Sampling(1, 1.0), [], 0, torch.Generator().manual_seed(6), slots=2)
+    comp, stats = lean_generate(llama, Request(PROMPTS, 4, Sampling(1, 1.0), [], 0, torch.Generator().manual_seed(6)), slots=2)
     assert stats["generate/decode_steps"] == 0 and comp.lengths.tolist() == [1] * 12
 
 
@@ -196,7 +195,7 @@ def test_grown_storage_hands_each_old_block_back_at_once(llama, monkeypatch):
 
     monkeypatch.setattr(SlotStorage, "reserve", counted)
     monkeypatch.setattr(allocator, "release", lambda: events.append("release"))
-    _, stats = lean_generate(llama, PROMPTS, 1, Sampling(3 * CHUNK, 1.0), [], 0, torch.Generator().manual_seed(1), slots=3)
+    _, stats = lean_generate(llama, Request(PROMPTS, 1, Sampling(3 * CHUNK, 1.0), [], 0, torch.Generator().manual_seed(1)), slots=3)
     growths = events.count("grow")
     assert growths >= 2 and stats["generate/kv_capacity"] > CHUNK  # 0 -> CHUNK -> more
     per_growth = ["release"] * 2 * llama.config.num_hidden_layers + ["grow"]  # each key and each value tensor, then done

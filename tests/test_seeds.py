@@ -10,7 +10,7 @@ from test_supply_and_sampler import PROMPTS, tiny
 
 from thinkrl.config import SeedsConfig
 from thinkrl.learner.logprobs import token_logprobs
-from thinkrl.rollout.completions import Sampling
+from thinkrl.rollout.completions import Request, Sampling
 from thinkrl.rollout.engines import LeanEngine
 from thinkrl.rollout.policy_copy import PolicySampler
 from thinkrl.rollout.seeds import SeedPool, seeded_generate
@@ -60,7 +60,7 @@ def test_seeded_prefixes_come_from_the_historical_adapter(tiny_model_dir):
     sampler.refresh()
     tok = SimpleNamespace(decode=lambda ids: "x")
     gen = torch.Generator().manual_seed(0)
-    comp = seeded_generate(LeanEngine(), sampler, pool, 1, PROMPTS, 3, Sampling(8, 1.0), cfg, [1], 0, gen, tok)
+    comp = seeded_generate(LeanEngine(), sampler, pool, 1, Request(PROMPTS, 3, Sampling(8, 1.0), [1], 0, gen), tok)
     assert comp.tokens.shape[0] == 6 and comp.prefix_len.tolist()[0] == 0  # row 0 of each group is unseeded
     seeded = (comp.prefix_len > 0).nonzero().squeeze(-1)
     assert len(seeded) > 0 and (comp.seed_step[seeded] == 0).all() and (comp.seed_step[comp.prefix_len == 0] == -1).all()

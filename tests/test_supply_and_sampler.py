@@ -10,7 +10,7 @@ from thinkrl.learner.batching import RolloutBatch
 from thinkrl.learner.logprobs import token_logprobs
 from thinkrl.learner.old_policy import old_policy
 from thinkrl.ops import js_divergence
-from thinkrl.rollout.completions import Completions, Sampling
+from thinkrl.rollout.completions import Completions, Request, Sampling
 from thinkrl.rollout.engines import LeanEngine
 from thinkrl.rollout.policy_copy import PolicySampler, fake_fp8
 from thinkrl.run.jsonl import read_jsonl
@@ -35,7 +35,7 @@ def tiny(tiny_model_dir, lora: bool = True):
 
 
 def rollout(model, G=3, T=6, **record):
-    comp = LeanEngine().generate(model, PROMPTS, G, Sampling(T, 1.0), [1], 0, torch.Generator().manual_seed(0), **record)
+    comp = LeanEngine().generate(model, Request(PROMPTS, G, Sampling(T, 1.0), [1], 0, torch.Generator().manual_seed(0), **record))
     return RolloutBatch([p for p in PROMPTS for _ in range(G)], comp, torch.zeros(len(PROMPTS) * G), G)
 
 

@@ -40,7 +40,7 @@ from thinkrl.learner.advantages import compute_advantages
 from thinkrl.learner.batching import RolloutBatch
 from thinkrl.learner.update import update
 from thinkrl.models import eos_ids
-from thinkrl.rollout.collect import RolloutContext, collect
+from thinkrl.rollout.collect import RolloutContext, RolloutPlan, collect
 from thinkrl.run import checkpoint, faults, intact, lock, records, trackers
 from thinkrl.run import resume as resuming
 from thinkrl.run.console import console, progress, shown, step_line
@@ -115,8 +115,9 @@ def _train(cfg: Config, resume: bool, held: contextlib.ExitStack, allow_changes:
             progress() as bar,
         ):
             eos, recorded = eos_ids(s.policy, s.tok), _sampler_records(method, cfg)
+            plan = RolloutPlan.from_config(cfg)
             rollout = RolloutContext(
-                cfg, s.engine, s.sampler, s.tok, pool, eos, s.tok.pad_token_id, **recorded, seed_pool=s.seed_pool, rewards=s.rewards
+                plan, s.engine, s.sampler, s.tok, pool, s.rewards, eos, s.tok.pad_token_id, **recorded, seed_pool=s.seed_pool
             )
             run = _Run(cfg, s, accelerator, run_dir, rank, rollout, estimator, metrics_log, rollouts_log, start)
             _steps(run, pool, bar, flag)

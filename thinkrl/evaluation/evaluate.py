@@ -28,7 +28,7 @@ from thinkrl.evaluation.metrics import answer_classes, outcomes, summarise, zero
 from thinkrl.evaluation.settings import EvalSettings, check_resume, check_sample_count, resolve_settings, versions
 from thinkrl.evaluation.writes import check_output, writing
 from thinkrl.models import eos_ids, load_base, resolve_dtype, resolve_path
-from thinkrl.rollout.completions import Sampling
+from thinkrl.rollout.completions import Request, Sampling
 from thinkrl.rollout.engines import Engine, make_engine
 from thinkrl.run.atomic import write_atomic
 from thinkrl.run.checkpoint import checkpoint_step
@@ -137,7 +137,7 @@ def _eval_dataset(
             gen = torch.Generator(device=model.device).manual_seed(s.seed * 1_000_003 + b)
             sampling = Sampling(max(own), s.temperature, s.top_p)
             budgets = [n for n in own for _ in range(s.n)]
-            comp = engine.generate(model, [p.ids for p in chunk], s.n, sampling, eos, tok.pad_token_id, gen, budgets=budgets)
+            comp = engine.generate(model, Request([p.ids for p in chunk], s.n, sampling, eos, tok.pad_token_id, gen, budgets=budgets))
             texts = tok.batch_decode([row[m].tolist() for row, m in zip(comp.tokens, comp.mask)], skip_special_tokens=True)
             scores, extracted, _ = pool.grade(texts, [p.answer for p in chunk for _ in range(s.n)])
             failures = dict(getattr(pool, "last_failures", {}))  # sample -> "timeout" / "crash"

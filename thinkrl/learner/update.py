@@ -1,38 +1,11 @@
 """The update phase of one step: rollout batch -> TokenBatches -> method.loss -> optimizer steps.
 
-updates per rollout = train.mini_batches x train.epochs. With one update the policy that sampled the
-batch is the policy being updated, so old_logp = logp.detach() exactly and no extra forward is spent;
-otherwise old_logp, and whatever else the method requires of pi_old, comes from one no-grad pass before
-the first update (thinkrl/learner/old_policy.py), after which the method's begin_step sees the whole batch.
-Within a mini-batch, sequences are cut into micro-batches (thinkrl/learner/batching.py); losses use the
-mini-batch's global token and sequence counts, so the cut never changes the update.
-
-Every forward of the phase (the pi_old pass, the reference pass, the training forward) runs under one rule:
-train mode, dropout off (logprobs.dropout_off). The ratio must measure how the policy changed, not dropout
-noise: with dropout in the training forward alone the first mini-batch's ratio is not 1, and later ratios
-(and so the clip) carry the noise of two independent masks. Like the sampler (eval mode), pi_theta, pi_old
-and the reference are then deterministic functions of their weights; the price is that model.lora.dropout
-has no effect on RL updates (TRL's `disable_dropout` option makes the same trade).
-Train mode stays for whatever else a model's own code ties to it.
-
-Memory: a training pass whose activations would pass ACTIVATION_BUDGET recomputes its decoder layers in the
-backward (train.gradient_checkpointing=auto; logprobs.py), which changes no number. The phase runs inside
-accel.update_pass: on a CPU, packed frozen weights, fused LoRA layers and the outputs a recompute may reuse
-(thinkrl/accel/); the code here is the plain path a GPU runs.
-
-With several processes (thinkrl/distributed.py) "global" spans the ranks: counts are summed over them, the
-loss is scaled by the world size (DDP averages gradients), every rank runs exactly one gradient-synchronising
-backward per mini-batch (the others under no_sync), and a rank whose share of a mini-batch is all padding
-runs a zero-weight pass so the collectives stay in step.
-
-A mini-batch whose loss or gradient norm is NaN/inf is not applied: its gradients are dropped, it is counted
-in update/skipped_nonfinite, and its metrics are left out of the step's averages (train.py stops the run
-after train.max_nonfinite_steps steps in a row with nothing applied). The LR schedule still advances, as it
-already did for a mini-batch with every token masked. Either choice resumes exactly (scheduler.pt holds the
-position); advancing keeps the schedule a clock over the planned updates (steps x mini_batches x epochs), so
-the LR at step s is the same in every run of a config and the decay ends with the run, where not advancing
-would shift the rest of the schedule by each skip. Adam's step count (its bias correction) advances only
-with updates actually applied.
+updates per rollout = train.mini_batches x train.epochs. With one update old_logp = logp.detach() and no extra
+forward is spent; otherwise pi_old comes from one no-grad pass first (old_policy.py). Micro-batches use the
+mini-batch's global token and sequence counts, so the cut never changes the update. Every forward runs in
+train mode with dropout off, a non-finite mini-batch is skipped, and with several processes the counts span
+the ranks: the reasons for each rule are in docs/architecture.md ("The update phase"). The phase runs inside
+accel.update_pass (CPU speed-ups); the code here is the plain path a GPU runs.
 """
 
 from __future__ import annotations

@@ -21,8 +21,9 @@ import torch
 from torch import Tensor
 
 from thinkrl import distributed
+from thinkrl.config import Config
 from thinkrl.data import Prompt, step_prompts
-from thinkrl.rollout.completions import Completions, Sampling
+from thinkrl.rollout.completions import Completions, Request, Sampling
 from thinkrl.rollout.engines import Engine
 from thinkrl.rollout.seeds import seeded_generate
 from thinkrl.verifier.rewards import RewardSet
@@ -54,38 +55,56 @@ def _round_prompts(prompts: list[Prompt], step: int, rnd: int, per_step: int, se
     return [prompts[i] for i in rng.sample(range(len(prompts)), min(per_step, len(prompts)))]
 
 
+@dataclass(frozen=True)
+class RolloutPlan:
+    """What a step's sampling reads of the settings: rollout.*, reward.overlong_* and train.seed."""
+
+    sampling: Sampling
+    group_size: int  # G
+    prompts_per_step: int
+    dynamic_sampling: bool = False
+    max_sampling_rounds: int = 1
+    overlong_buffer: int = 0
+    overlong_penalty: float = 1.0
+    seed: int = 0  # train.seed: which prompts the extra dynamic-sampling rounds draw
+
+    @classmethod
+    def from_config(cls, cfg: Config) -> RolloutPlan:
+        r = cfg.rollout
+        sampling = Sampling(r.max_new_tokens, r.temperature, r.top_p, r.top_k, r.min_new_tokens)
+        rounds = (r.dynamic_sampling, r.max_sampling_rounds)
+        return cls(
+            sampling, r.group_size, r.prompts_per_step, *rounds, cfg.reward.overlong_buffer, cfg.reward.overlong_penalty, cfg.train.seed
+        )
+
+
 @dataclass
 class RolloutContext:
     """What sampling and scoring a step work with; train.py builds it once."""
 
-    cfg: Any  # thinkrl.config.Config
+    plan: RolloutPlan
     engine: Engine
     sampler: Any  # thinkrl.rollout.policy_copy.PolicySampler
     tok: Any
     pool: Any  # the verifier pool
+    rewards: RewardSet  # reward.functions (the verifier's score by default)
     eos: list[int]
     pad: int
     record_topk: int = 0  # the sampler's top-K and entropy, when the sampler stands in for pi_old
     record_entropy: bool = False
     seed_pool: Any = None  # Thinking Seeds' thinkrl.rollout.seeds.SeedPool
-    rewards: Any = None  # thinkrl.verifier.rewards.RewardSet; None = built from cfg.reward.functions (imported and checked here)
-
-    def __post_init__(self) -> None:
-        if self.rewards is None:
-            self.rewards = RewardSet(self.cfg.reward.functions)
 
 
-def _sample_and_grade(ctx: RolloutContext, step: int, batch: list[Prompt], sampling: Sampling, generator, stats: dict):
+def _sample_and_grade(ctx: RolloutContext, step: int, batch: list[Prompt], generator, stats: dict):
     """One sampling round: G completions per prompt of `batch`, decoded and scored; adds to `stats`. Returns the
     completions, their texts, the verifier's scores (P, G), the extracted answers and reward.functions' values."""
-    cfg, tok, G = ctx.cfg, ctx.tok, ctx.cfg.rollout.group_size
+    tok, G = ctx.tok, ctx.plan.group_size
     t0 = time.perf_counter()
-    ids = [p.ids for p in batch]
+    req = Request([p.ids for p in batch], G, ctx.plan.sampling, ctx.eos, ctx.pad, generator, ctx.record_topk, ctx.record_entropy)
     if ctx.seed_pool is not None:
-        comp = seeded_generate(ctx.engine, ctx.sampler, ctx.seed_pool, step, ids, G, sampling, cfg.seeds, ctx.eos, ctx.pad, generator, tok)
+        comp = seeded_generate(ctx.engine, ctx.sampler, ctx.seed_pool, step, req, tok)
     else:
-        model = ctx.sampler.restore()
-        comp = ctx.engine.generate(model, ids, G, sampling, ctx.eos, ctx.pad, generator, ctx.record_topk, ctx.record_entropy)
+        comp = ctx.engine.generate(ctx.sampler.restore(), req)
         stats.update(ctx.engine.stats)
     t1 = time.perf_counter()
     texts = tok.batch_decode([row[m].tolist() for row, m in zip(comp.tokens, comp.mask)], skip_special_tokens=True)
@@ -101,11 +120,9 @@ def _sample_and_grade(ctx: RolloutContext, step: int, batch: list[Prompt], sampl
 def collect(ctx: RolloutContext, step: int, prompts: list[Prompt], generator: torch.Generator) -> StepSamples:
     """The step's kept groups, sampled by ctx.engine with the sampler's last refresh and graded by ctx.pool;
     with a Thinking Seeds pool, part of each group starts from historical prefixes (thinkrl/rollout/seeds.py)."""
-    cfg, pad = ctx.cfg, ctx.pad
-    rc, G = cfg.rollout, cfg.rollout.group_size
+    plan, pad, G = ctx.plan, ctx.pad, ctx.plan.group_size
     rank, world = distributed.world()
-    target = rc.prompts_per_step // world  # groups this rank keeps
-    sampling = Sampling(rc.max_new_tokens, rc.temperature, rc.top_p, rc.top_k, rc.min_new_tokens)
+    target = plan.prompts_per_step // world  # groups this rank keeps
     kept: list[tuple[Prompt, Completions, list[str], Tensor, list[list[float]]]] = []  # last: reward.functions' values
     distinct: list[int] = []  # distinct extracted answers per sampled group: a diversity measure
     stats = {
@@ -117,13 +134,13 @@ def collect(ctx: RolloutContext, step: int, prompts: list[Prompt], generator: to
         "time/generate": 0.0,
         "time/score": 0.0,
     }
-    for rnd in range(rc.max_sampling_rounds if rc.dynamic_sampling else 1):
-        batch = distributed.shard(_round_prompts(prompts, step, rnd, rc.prompts_per_step, cfg.train.seed), rank, world)
-        comp, texts, scores, extracted, parts = _sample_and_grade(ctx, step, batch, sampling, generator, stats)
+    for rnd in range(plan.max_sampling_rounds if plan.dynamic_sampling else 1):
+        batch = distributed.shard(_round_prompts(prompts, step, rnd, plan.prompts_per_step, plan.seed), rank, world)
+        comp, texts, scores, extracted, parts = _sample_and_grade(ctx, step, batch, generator, stats)
         stats["sampling/rounds"] += 1
         distinct += [len({a for a in extracted[g * G : (g + 1) * G] if a is not None}) for g in range(len(batch))]
         for g, p in enumerate(batch):
-            if rc.dynamic_sampling and bool((scores[g] == scores[g, 0]).all()):
+            if plan.dynamic_sampling and bool((scores[g] == scores[g, 0]).all()):
                 stats["sampling/dropped_groups"] += 1
                 continue
             rows = torch.arange(g * G, (g + 1) * G)
@@ -133,7 +150,7 @@ def collect(ctx: RolloutContext, step: int, prompts: list[Prompt], generator: to
     kept = kept[:target]
     stats["sampling/kept_groups"] = len(kept)
     stats["answers/distinct_per_group"] = sum(distinct) / max(len(distinct), 1)
-    if not rc.dynamic_sampling:  # one round, nothing dropped: nothing to report
+    if not plan.dynamic_sampling:  # one round, nothing dropped: nothing to report
         for k in ("sampling/rounds", "sampling/dropped_groups", "sampling/kept_groups"):
             del stats[k]
     parts = [row for k in kept for row in k[4]]
@@ -143,7 +160,7 @@ def collect(ctx: RolloutContext, step: int, prompts: list[Prompt], generator: to
     comp = Completions.cat([k[1] for k in kept], pad)
     scores = torch.cat([k[3] for k in kept])  # (P * G,)
     rewards = torch.tensor(ctx.rewards.totals(parts), dtype=torch.float32)  # (P * G,) the default: = scores
-    rewards += overlong_penalty(comp.lengths.cpu(), rc.max_new_tokens, cfg.reward.overlong_buffer, cfg.reward.overlong_penalty)
+    rewards += overlong_penalty(comp.lengths.cpu(), plan.sampling.max_new_tokens, plan.overlong_buffer, plan.overlong_penalty)
     if ctx.seed_pool is not None:
         stats.update(_seed_stats(comp, scores, ctx.seed_pool))
     return StepSamples([k[0] for k in kept], comp, [t for k in kept for t in k[2]], scores, rewards, G, stats)

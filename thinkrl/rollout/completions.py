@@ -1,6 +1,7 @@
 """What every engine returns: sampled completions with the behaviour log-probs of their tokens.
 
-`Sampling` is the distribution tokens are drawn from (temperature, top-p, top-k, budget); `Completions`
+`Sampling` is the distribution tokens are drawn from (temperature, top-p, top-k, budget); `Request` is one
+engine call (prompts, G, sampling, end ids, what to record), the one argument every engine takes; `Completions`
 holds the sampled rows with everything the trainer needs of the sampler: behav_logp = log mu(y_t) under
 that distribution (tempered and truncated), and, when a method asks, the sampler's top-K and entropy.
 """
@@ -20,6 +21,34 @@ class Sampling:
     top_p: float = 1.0
     top_k: int = 0
     min_new_tokens: int = 0  # EOS is suppressed before this many tokens (fixed-length benchmarks)
+
+
+@dataclass
+class Request:
+    """One generate call: `group_size` consecutive completions per prompt (rows p*G .. p*G+G-1 answer prompts[p])."""
+
+    prompts: list[list[int]]
+    group_size: int
+    sampling: Sampling
+    eos_ids: list[int]
+    pad_id: int
+    generator: torch.Generator | None = None  # the call's randomness; None = torch's default generator
+    record_topk: int = 0  # record the sampling distribution's top-K per token (when the sampler stands in for pi_old)
+    record_entropy: bool = False  # and its entropy
+    budgets: list[int] | None = None  # one per completion (each at most sampling.max_new_tokens); None = all the same
+
+    @property
+    def rows(self) -> int:
+        return len(self.prompts) * self.group_size
+
+    def limits(self) -> list[int]:
+        """Each completion's token budget."""
+        top = self.sampling.max_new_tokens
+        return [min(b, top) for b in self.budgets] if self.budgets is not None else [top] * self.rows
+
+    def each_completion(self) -> list[list[int]]:
+        """The prompt of every completion, in row order."""
+        return [p for p in self.prompts for _ in range(self.group_size)]
 
 
 @dataclass

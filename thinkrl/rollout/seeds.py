@@ -20,13 +20,13 @@ except that prefixes come from the model's own historical checkpoints and contin
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
-from thinkrl.rollout.completions import Completions, Sampling
+from thinkrl.rollout.completions import Completions, Request, Sampling
 from thinkrl.rollout.engines import Engine
 
 SNAP_ENDS = {"line": ("\n",), "sentence": ("\n", ".", "!", "?")}
@@ -130,20 +130,19 @@ def _prefix_lengths(hist: Completions, cfg, budget: int, rng: torch.Generator, t
     return out
 
 
-def seeded_generate(
-    engine: Engine, sampler, pool: SeedPool, step: int, prompts: list[list[int]], G: int, sampling: Sampling, cfg, eos, pad, gen, tok
-) -> Completions:
-    """G completions per prompt, the last seeds.per_group of each group seeded (when the pool has an older
+def seeded_generate(engine: Engine, sampler, pool: SeedPool, step: int, req: Request, tok) -> Completions:
+    """req's G completions per prompt, the last seeds.per_group of each group seeded (when the pool has an older
     checkpoint); adds prefix_len and seed_step to the Completions. Every sample goes through `engine`."""
-    candidates = pool.older_than(step)
+    candidates, cfg = pool.older_than(step), pool.cfg
     model = sampler.restore()
     if not candidates:  # nothing older than the current policy yet: plain on-policy sampling
-        comp = engine.generate(model, prompts, G, sampling, eos, pad, gen)
+        comp = engine.generate(model, req)
         comp.prefix_len = torch.zeros(comp.tokens.shape[0], dtype=torch.long, device=comp.tokens.device)
         comp.seed_step = torch.full_like(comp.prefix_len, -1)
         return comp
+    prompts, G, sampling, gen, pad = req.prompts, req.group_size, req.sampling, req.generator, req.pad_id
     S, P, T = cfg.per_group, len(prompts), sampling.max_new_tokens
-    plain = engine.generate(model, prompts, G - S, sampling, eos, pad, gen)  # (P * (G - S), T1)
+    plain = engine.generate(model, replace(req, group_size=G - S))  # (P * (G - S), T1)
     # which checkpoint seeds each of the P * S seeded rows, then the prefixes, one checkpoint at a time
     pick = torch.randint(len(candidates), (P * S,), generator=gen, device=gen.device).tolist()
     rows_prompt = [p for p in range(P) for _ in range(S)]
@@ -155,7 +154,9 @@ def seeded_generate(
         if not rows:
             continue
         hist_model = sampler.historical(pool.weights(entry, device))
-        hist = engine.generate(hist_model, [prompts[rows_prompt[r]] for r in rows], 1, hist_sampling, eos, pad, gen)
+        hist = engine.generate(
+            hist_model, replace(req, prompts=[prompts[rows_prompt[r]] for r in rows], group_size=1, sampling=hist_sampling)
+        )
         for j, (r, L) in enumerate(zip(rows, _prefix_lengths(hist, cfg, T, gen, tok))):
             prefixes[r] = (hist.tokens[j, :L].tolist(), hist.behav_logp[j, :L].tolist())
     model = sampler.restore()
@@ -163,7 +164,7 @@ def seeded_generate(
     short = min(len(p[0]) for p in prefixes)
     cont_sampling = Sampling(T - short, sampling.temperature, sampling.top_p, sampling.top_k)
     starts, budgets = [prompts[rows_prompt[r]] + prefixes[r][0] for r in range(P * S)], [T - len(p[0]) for p in prefixes]
-    cont = engine.generate(model, starts, 1, cont_sampling, eos, pad, gen, budgets=budgets)
+    cont = engine.generate(model, replace(req, prompts=starts, group_size=1, sampling=cont_sampling, budgets=budgets))
     seeded = _join(prefixes, cont, T, pad, device)
     seed_step = torch.tensor([candidates[c].step if prefixes[r][0] else -1 for r, c in enumerate(pick)], device=device)
     seeded.seed_step = seed_step

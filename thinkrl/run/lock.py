@@ -1,28 +1,11 @@
 """One process per run directory (and per eval output directory): DIR/.lock.
 
     with DirLock(run_dir, "training run"):      # a second process on DIR fails in one line naming this one
-        ...
 
-The mutual exclusion is the kernel's: the holder keeps an open file description of DIR/.lock with an
-exclusive `flock`. A second process's non-blocking flock fails, and it reports the holder from the JSON
-the holder wrote into the file ({pid, host, started, command}): that JSON is information for the message
-only, never what decides. The kernel drops the flock when the holder's process ends, however it ends
-(SIGKILL, out of memory, a crash), so a stale lock needs no PID guessing: a lock file nobody holds is
-stale, whatever it contains (a dead PID, nothing, garbage), and is taken over with a console note. Works
-on NFS (Linux emulates flock there with the server's byte-range locks).
-
-Released on exit, exceptions included: the file is unlinked while still held, then closed, so a process
-that opened the old file meanwhile sees, once it gets the flock, that the path no longer names the file it
-locked, and starts again on the new one (without that check two processes could each hold a lock on a
-different file of the same path). Two caveats of flock, both handled:
-
-- a child forked without exec shares the open file (close-on-exec does not help), so it keeps the lock
-  if its parent dies first; the message then says the recorded PID is gone and how to find the child.
-  The verifier workers are spawned (a fresh interpreter), so only some engine's forked worker could;
-- a file system without flock (ENOLCK, EOPNOTSUPP: some FUSE or cluster mounts) falls back to the record:
-  a live recorded PID on this host, or any PID on another host (which cannot be checked from here), holds.
-
-In a multi-process run (torchrun) only rank 0 takes the lock: the other ranks are the same run.
+The holder keeps an exclusive flock on DIR/.lock, so the kernel decides and drops the lock however the holder
+dies; the JSON in the file ({pid, host, started, command}) only feeds the message. How staleness, unlinking,
+forked children and file systems without flock are handled: docs/runs.md ("One process per directory").
+In a multi-process run only rank 0 takes the lock.
 """
 
 from __future__ import annotations

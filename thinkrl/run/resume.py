@@ -1,35 +1,9 @@
 """What a resume may change, the record of what it changed, and which directories a new run may use.
 
-What makes the run. `thinkrl train --resume RUN_DIR [-o KEY=VALUE ...]` compares its settings with the run's
-own RUN_DIR/config.yaml. The settings that make the run may not change: what is trained (model.name,
-model.lora.*: rank, alpha, dropout, target_modules), the method (method.name and every method parameter),
-the prompts (data.*, prompt.*), the shape of a step (rollout.group_size, rollout.prompts_per_step) and
-every seed (train.seed, data.arith.seed: any key named `seed`). Continuing with other values would mix two
-configurations in one metrics.jsonl (or fail to load the checkpoint at all). A resume that changes any of
-them is refused in one line naming each key (old -> new) and the fixes, unless `--allow-changes` says to
-continue with the new values. Everything else may change without the flag: train.steps, train.lr and the
-other optimizer settings, memory knobs (micro-batches, rollout.batch_size, rollout.max_new_tokens), log.*,
-eval.*, train.save_every / keep_last, verifier.*, the output path.
-
-changes.jsonl. A resume that changes any setting (with or without the flag) appends one line to
-RUN_DIR/changes.jsonl, and config.yaml then holds the new values:
-
-    {"step": 4, "time": "2025-01-01 12:00:00", "changed": {"rollout.group_size": [4, 8]}, "allowed": ["rollout.group_size"]}
-
-`step` is the checkpoint the run resumed from: the new values apply from step `step + 1` on. `changed` maps
-every changed key to [old, new], old being the value the steps up to `step` were made with; `allowed` lists
-those that needed --allow-changes. A resume from an older checkpoint drops the lines past it, as it does in
-metrics.jsonl, and is compared with the settings of that checkpoint (config.yaml with the later changes
-undone); two resumes from the same step make one line. Both files are written (atomically) only once the
-resumed run has set up (data, reward functions, grader, model, checkpoint): a refused or failed resume
-leaves config.yaml as it was.
-
-Run directories. A thinkrl run directory is one holding metrics.jsonl, checkpoints/, or a config.yaml that
-thinkrl wrote (every section of the config). A new run (no --resume) refuses an --output-dir holding a run
-(continue it with --resume) and any other non-empty directory (the user's own files: it needs a new or empty
-one); what a failed start can leave there (.lock, data_report.json, temporary files) does not count, nor an
-eval/ folder holding only `thinkrl eval` output: the run's own evaluation of its starting model, e.g. `make
-demo`'s RUN_DIR/eval/step-0/arith/, written before the run starts.
+A resume compares its settings with RUN_DIR/config.yaml: what makes the run (model, LoRA shape, method and its
+parameters, data, prompts, the shape of a step, every seed) may change only with --allow-changes; every change
+is appended to RUN_DIR/changes.jsonl, written only once the resumed run has set up. A new run refuses a
+directory holding a run or the user's files. The rules, and the changes.jsonl format: docs/runs.md.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from typing import Any, ClassVar
 import torch
 
 from thinkrl.errors import UserError
-from thinkrl.rollout.completions import Completions, Sampling
+from thinkrl.rollout.completions import Completions, Request
 
 NAMES = ("auto", "lean", "transformers", "vllm")
 
@@ -53,21 +53,8 @@ class Engine:
         self.options = options
         self.stats: dict[str, float] = {}  # about the last generate call, e.g. generate/slot_utilisation
 
-    def generate(
-        self,
-        model,
-        prompts: list[list[int]],
-        group_size: int,
-        sampling: Sampling,
-        eos_ids: list[int],
-        pad_id: int,
-        generator: torch.Generator | None = None,
-        record_topk: int = 0,
-        record_entropy: bool = False,
-        budgets: list[int] | None = None,
-    ) -> Completions:
-        """`group_size` consecutive completions per prompt; budgets (one per completion, at most
-        sampling.max_new_tokens) end each one at its own length."""
+    def generate(self, model, req: Request) -> Completions:
+        """req.group_size consecutive completions per prompt of req.prompts, each within its budget."""
         raise NotImplementedError
 
     def close(self) -> None:
@@ -77,12 +64,10 @@ class Engine:
 class LeanEngine(Engine):
     name = "lean"
 
-    def generate(self, model, prompts, group_size, sampling, eos_ids, pad_id, generator=None, record_topk=0, record_entropy=False,
-                 budgets=None):  # fmt: skip
+    def generate(self, model, req: Request) -> Completions:
         from thinkrl.rollout.engines.lean import lean_generate
 
-        args = (record_topk, record_entropy, self.slots, budgets)
-        comp, self.stats = lean_generate(model, prompts, group_size, sampling, eos_ids, pad_id, generator, *args)
+        comp, self.stats = lean_generate(model, req, self.slots)
         return comp
 
 

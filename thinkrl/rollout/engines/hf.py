@@ -24,7 +24,7 @@ import torch
 
 from thinkrl.errors import UserError
 from thinkrl.forward import visit_distributions
-from thinkrl.rollout.completions import Completions, Sampling
+from thinkrl.rollout.completions import Completions, Request, Sampling
 from thinkrl.rollout.engines import Engine, quiet
 from thinkrl.rollout.sampling import processed_logp
 
@@ -35,20 +35,19 @@ KV_MARGIN = 256  # the default pool: slots x (longest prompt + this many tokens)
 class TransformersEngine(Engine):
     name = "transformers"
 
-    def generate(self, model, prompts, group_size, sampling, eos_ids, pad_id, generator=None, record_topk=0, record_entropy=False,
-                 budgets=None):  # fmt: skip
+    def generate(self, model, req: Request) -> Completions:
         from transformers.generation import ContinuousBatchingConfig
 
+        prompts, sampling, pad_id = req.prompts, req.sampling, req.pad_id
         if sampling.min_new_tokens:
             raise UserError(
                 "rollout.min_new_tokens is not supported by rollout.engine=transformers (its continuous batching drops "
                 "that processor); use rollout.engine=lean or vllm"
             )
-        inputs = [p for p in prompts for _ in range(group_size)]
-        limits = [min(b, sampling.max_new_tokens) for b in budgets] if budgets else [sampling.max_new_tokens] * len(inputs)
+        inputs, limits = req.each_completion(), req.limits()
         longest = max(len(p) for p in prompts) + max(limits)
         kv_tokens = int(self.options.get("kv_tokens") or self.slots * (max(len(p) for p in prompts) + KV_MARGIN))
-        seed = int(torch.randint(0, 2**31 - 1, (1,), generator=generator).item())
+        seed = int(torch.randint(0, 2**31 - 1, (1,), generator=req.generator).item())
         cb = ContinuousBatchingConfig(
             return_logprobs=True,
             page_size=PAGE,
@@ -58,10 +57,10 @@ class TransformersEngine(Engine):
             seed=seed,
         )
         with quiet("transformers.generation.continuous_batching", "ContinuousBatchingLogger"):
-            results = _run(model, _config(sampling, pad_id), cb, inputs, limits, list(eos_ids) or [-1])
-        comp = _completions(results, eos_ids, pad_id, next(model.parameters()).device)
-        if record_topk or record_entropy:
-            _record(model, inputs, comp, sampling, pad_id, record_topk, record_entropy)
+            results = _run(model, _config(sampling, pad_id), cb, inputs, limits, list(req.eos_ids) or [-1])
+        comp = _completions(results, req.eos_ids, pad_id, next(model.parameters()).device)
+        if req.record_topk or req.record_entropy:
+            _record(model, inputs, comp, sampling, pad_id, req.record_topk, req.record_entropy)
         self.stats = {}
         return comp
 

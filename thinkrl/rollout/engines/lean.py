@@ -20,12 +20,13 @@ rows. Memory: the storage holds the active slots x the longest live row (see slo
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import replace
 
 import torch
 from torch import Tensor
 
 from thinkrl import accel
-from thinkrl.rollout.completions import Completions, Sampling
+from thinkrl.rollout.completions import Completions, Request
 from thinkrl.rollout.engines.lean_decoder import LeanDecoder
 from thinkrl.rollout.engines.recorder import Recorder
 from thinkrl.rollout.engines.reference import reference_generate
@@ -33,41 +34,25 @@ from thinkrl.rollout.sampling import draw, request_seed, uniforms
 
 
 @torch.no_grad()
-def lean_generate(
-    model,
-    prompts: list[list[int]],
-    group_size: int,
-    sampling: Sampling,
-    eos_ids: list[int],
-    pad_id: int,
-    generator: torch.Generator | None = None,
-    record_topk: int = 0,
-    record_entropy: bool = False,
-    slots: int = 0,
-    budgets: list[int] | None = None,
-) -> tuple[Completions, dict[str, float]]:
-    """`group_size` consecutive completions per prompt, decoded `slots` at a time (0 = all at once), and the
-    call's statistics: generate/slot_utilisation, the mean share of slots live on steps taken while
-    requests were still waiting (1.0 when they never had to wait), generate/decode_steps, and the peak
-    key/value storage: generate/kv_capacity (positions per slot) and generate/kv_mb."""
-    R = len(prompts) * group_size
+def lean_generate(model, req: Request, slots: int = 0) -> tuple[Completions, dict[str, float]]:
+    """req's completions, decoded `slots` at a time (0 = all at once), and the call's statistics:
+    generate/slot_utilisation, the mean share of slots live on steps taken while requests were still waiting
+    (1.0 when they never had to wait), generate/decode_steps, and the peak key/value storage:
+    generate/kv_capacity (positions per slot) and generate/kv_mb."""
+    R, G = req.rows, req.group_size
     S = min(slots or R, R)
     if not LeanDecoder.supports(model):
-        parts = []
-        per = max(1, S // group_size)  # whole groups per batch
-        for i in range(0, len(prompts), per):
-            batch, rows = prompts[i : i + per], slice(i * group_size, (i + per) * group_size)
-            own = budgets[rows] if budgets is not None else None
-            args = (generator, record_topk, record_entropy, own)
-            parts.append(reference_generate(model, batch, group_size, sampling, eos_ids, pad_id, *args))
-        return Completions.cat(parts, pad_id), {}
+        parts, per = [], max(1, S // G)  # whole groups per batch
+        for i in range(0, len(req.prompts), per):
+            own = req.budgets[i * G : (i + per) * G] if req.budgets is not None else None
+            parts.append(reference_generate(model, replace(req, prompts=req.prompts[i : i + per], budgets=own)))
+        return Completions.cat(parts, req.pad_id), {}
     dec = LeanDecoder.for_model(model)
     device = dec.kv.lengths.device if dec.kv.lengths.numel() else next(model.parameters()).device
     dec.reset(S)
-    rec = Recorder(R, pad_id, device, record_topk, record_entropy)
-    limit = torch.tensor(budgets or [sampling.max_new_tokens] * R, device=device).clamp(max=sampling.max_new_tokens)  # (R,)
+    rec = Recorder(R, req.pad_id, device, req.record_topk, req.record_entropy)
     try:
-        return _run(dec, prompts, group_size, sampling, eos_ids, pad_id, generator, rec, limit)
+        return _run(dec, req, rec)
     finally:
         dec.release()  # the storage is freed before the caller's next phase
         accel.phase_end()  # and what the CPU block cache kept of this one
@@ -75,16 +60,18 @@ def lean_generate(
 
 # over 60 lines: advance and fill are closures over the slots' state (seven tensors and the queue), which
 # split into functions of their own would pass all of it back and forth
-def _run(dec: LeanDecoder, prompts, G: int, sampling: Sampling, eos_ids, pad_id: int, generator, rec: Recorder, limit: Tensor):
+def _run(dec: LeanDecoder, req: Request, rec: Recorder):
     device, S = rec.device, len(dec.kv.lengths)
-    queue = deque(range(len(prompts) * G))  # request r answers prompt r // G
+    prompts, G, sampling = req.prompts, req.group_size, req.sampling
+    limit = torch.tensor(req.limits(), device=device)  # (R,)
+    queue = deque(range(req.rows))  # request r answers prompt r // G
     slot_req = torch.full((S,), -1, dtype=torch.long, device=device)  # the request each slot decodes
-    tokens = torch.full((S,), pad_id, dtype=torch.long, device=device)  # each slot's next input token
+    tokens = torch.full((S,), req.pad_id, dtype=torch.long, device=device)  # each slot's next input token
     live = torch.zeros(S, dtype=torch.bool, device=device)
     made = torch.zeros(S, dtype=torch.long, device=device)  # tokens each slot's request has generated
-    eos = torch.tensor(eos_ids, dtype=torch.long, device=device)
+    eos = torch.tensor(req.eos_ids, dtype=torch.long, device=device)
     refill_at = max(1, S // 16)
-    seed = request_seed(generator)
+    seed = request_seed(req.generator)
     active = S  # steps run over slots [0, active)
     busy_share, busy_steps, steps = 0.0, 0, 0
 

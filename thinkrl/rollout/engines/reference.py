@@ -10,30 +10,19 @@ from __future__ import annotations
 import torch
 
 from thinkrl.models import cache_kwarg, left_pad
-from thinkrl.rollout.completions import Completions, Sampling
+from thinkrl.rollout.completions import Completions, Request
 from thinkrl.rollout.engines.recorder import Recorder
 from thinkrl.rollout.sampling import draw, request_seed, uniforms
 
 
 @torch.no_grad()
-def reference_generate(
-    model,
-    prompts: list[list[int]],
-    group_size: int,
-    sampling: Sampling,
-    eos_ids: list[int],
-    pad_id: int,
-    generator: torch.Generator | None = None,
-    record_topk: int = 0,
-    record_entropy: bool = False,
-    budgets: list[int] | None = None,
-) -> Completions:
-    """`group_size` consecutive completions per prompt (rows p*G .. p*G+G-1 answer prompts[p]); budgets: one
-    per row, at most sampling.max_new_tokens."""
+def reference_generate(model, req: Request) -> Completions:
+    """req.group_size consecutive completions per prompt (rows p*G .. p*G+G-1 answer prompts[p])."""
     from transformers import DynamicCache
 
+    prompts, group_size, sampling = req.prompts, req.group_size, req.sampling
     device = next(model.parameters()).device
-    ids, attn, pos = left_pad(prompts, pad_id, device)  # (P, L): every row's next position is at the end
+    ids, attn, pos = left_pad(prompts, req.pad_id, device)  # (P, L): every row's next position is at the end
     # prompts of one length need no mask: then the forward builds no 4-D mask per decode step
     padded = not bool(attn.all())
     cache = DynamicCache()  # filled in place by every forward below
@@ -45,10 +34,10 @@ def reference_generate(
     attn = attn.repeat_interleave(group_size, 0)  # (B, L)
     next_pos = pos[:, -1].repeat_interleave(group_size, 0) + 1  # (B,)
     B = len(prompts) * group_size
-    rec = Recorder(B, pad_id, device, record_topk, record_entropy)
-    seed = request_seed(generator)
-    eos = torch.tensor(eos_ids, dtype=torch.long, device=device)
-    limit = torch.tensor(budgets or [sampling.max_new_tokens] * B, device=device).clamp(max=sampling.max_new_tokens)  # (B,)
+    rec = Recorder(B, req.pad_id, device, req.record_topk, req.record_entropy)
+    seed = request_seed(req.generator)
+    eos = torch.tensor(req.eos_ids, dtype=torch.long, device=device)
+    limit = torch.tensor(req.limits(), device=device)  # (B,)
     rows = torch.arange(B, device=device)  # which requests are still in the decode batch
     for t in range(int(limit.max())):
         if t < sampling.min_new_tokens:  # fixed-length benchmarks: no end before min_new_tokens

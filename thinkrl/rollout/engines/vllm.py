@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from thinkrl.errors import UserError
-from thinkrl.rollout.completions import Completions, Sampling
+from thinkrl.rollout.completions import Completions, Request, Sampling
 from thinkrl.rollout.engines import Engine, quiet
 
 DTYPES = {"same": None, "bf16": "bfloat16", "fp16": "float16", "fp8": None}
@@ -80,12 +80,11 @@ class VLLMEngine(Engine):
             self.llm.reset_prefix_cache()  # cached prefixes were computed with the old weights
         self._pushed = key
 
-    def generate(self, model, prompts, group_size, sampling, eos_ids, pad_id, generator=None, record_topk=0, record_entropy=False,
-                 budgets=None):  # fmt: skip
+    def generate(self, model, req: Request) -> Completions:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        if record_entropy:
+        if req.record_entropy:
             raise UserError(
                 "rollout.engine=vllm cannot record the sampler's entropy (train.old_policy=sampler with a method that "
                 "needs old_entropy); use train.old_policy=recompute or another engine"
@@ -96,13 +95,12 @@ class VLLMEngine(Engine):
             self.llm.wake_up()
             self._asleep = False
         self._push(model)
-        R = len(prompts) * group_size
-        seeds = torch.randint(0, 2**31 - 1, (R,), generator=generator).tolist()
-        limits = [min(b, sampling.max_new_tokens) for b in budgets] if budgets else [sampling.max_new_tokens] * R
-        params = [_params(SamplingParams, sampling, eos_ids, seed, record_topk, n) for seed, n in zip(seeds, limits)]
-        requests = [TokensPrompt(prompt_token_ids=p) for p in prompts for _ in range(group_size)]
+        seeds = torch.randint(0, 2**31 - 1, (req.rows,), generator=req.generator).tolist()
+        topk = req.record_topk
+        params = [_params(SamplingParams, req.sampling, req.eos_ids, seed, topk, n) for seed, n in zip(seeds, req.limits())]
+        requests = [TokensPrompt(prompt_token_ids=p) for p in req.each_completion()]
         outputs = self.llm.generate(requests, params, use_tqdm=False)
-        comp = _completions([o.outputs[0] for o in outputs], eos_ids, pad_id, record_topk, next(model.parameters()).device)
+        comp = _completions([o.outputs[0] for o in outputs], req.eos_ids, req.pad_id, topk, next(model.parameters()).device)
         if self._cuda and self.options.get("sleep", True):
             self.llm.sleep(level=1)  # free the KV cache for the update
             self._asleep = True
