@@ -12,7 +12,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-_NO_GRAD = ("old_logp", "behav_logp", "advantages", "entropy", "old_entropy", "ref_logp", "token_js", "topk_old_logp", "is_weights")
+# entropy is not here: a method with Method.entropy_grad gets it with its gradient (thinkrl/learner/update.py)
+_NO_GRAD = ("old_logp", "behav_logp", "advantages", "old_entropy", "ref_logp", "token_js", "topk_old_logp", "is_weights")
 _PER_TOKEN = (
     "logp",
     "old_logp",
@@ -38,7 +39,7 @@ class TokenBatch:
     mask: Tensor  # (B, T) 1 = generated token that is trained on, 0 = padding
     token_ids: Tensor | None = None  # (B, T) long, the sampled ids y_t (methods that look tokens up by id)
     prefix_mask: Tensor | None = None  # (B, T) 1 = token from a historical-checkpoint prefix
-    entropy: Tensor | None = None  # (B, T) entropy of pi_theta's next-token distribution (detached)
+    entropy: Tensor | None = None  # (B, T) entropy of pi_theta's next-token distribution (grad iff Method.entropy_grad)
     old_entropy: Tensor | None = None  # (B, T) entropy of pi_old
     ref_logp: Tensor | None = None  # (B, T) reference model log-prob (KL)
     topk_ids: Tensor | None = None  # (B, T, K) top-K ids of the proposal distribution

@@ -10,6 +10,7 @@ FOREIGN = {
     "num_generations": "rollout.group_size",
     "n": "rollout.group_size",
     "learning_rate": "train.lr",
+    "entropy_coeff": "train.entropy_coef",
     "max_completion_length": "rollout.max_new_tokens",
     "response_length": "rollout.max_new_tokens",
     "max_prompt_length": "data.max_prompt_tokens",

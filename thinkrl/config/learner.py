@@ -60,6 +60,8 @@ class TrainConfig:
     """AdamW betas."""
     grad_clip: float = 1.0
     """Clip the global gradient norm to this value (0 = off)."""
+    entropy_coef: float = 0.0
+    """Entropy bonus: the loss minus entropy_coef x the mean token entropy (verl's entropy_coeff); 0 = off."""
     micro_batch_tokens: int = 2048
     """Cap on padded completion tokens per forward/backward pass (0 = none): long completions get fewer
     rows per micro-batch (memory only: the result does not depend on it). On the CPU at 16 x 1,024 tokens,
@@ -96,6 +98,7 @@ class TrainConfig:
             (len(self.adam_betas) == 2, f"adam_betas needs two values, got {short(self.adam_betas)}"),
             (all(0 <= b < 1 for b in self.adam_betas), f"adam_betas must each be in [0, 1), got {short(self.adam_betas)}"),
             (0 <= self.grad_clip < math.inf, f"grad_clip must be >= 0 and finite (0 = off), got {self.grad_clip}"),
+            (0 <= self.entropy_coef < math.inf, f"entropy_coef must be >= 0 and finite (0 = off), got {self.entropy_coef}"),
             (self.micro_batch_tokens >= 0, f"micro_batch_tokens must be >= 0 (0 = no cap), got {self.micro_batch_tokens}"),
             (self.micro_batch_size >= 1, f"micro_batch_size must be >= 1, got {self.micro_batch_size}"),
             (self.mini_batches >= 1, f"mini_batches must be >= 1, got {self.mini_batches}"),

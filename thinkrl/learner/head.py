@@ -4,6 +4,9 @@ Two implementations of the same numbers. `FusedHead` is the common case (a bias-
 logit scaling) with the backward written out, which spends fewer full-vocabulary passes than autograd
 through logsumexp + gather; `head_logp` is plain autograd for everything else (top-K, scaled or softcapped
 logits). Callers (thinkrl/learner/logprobs.py) cut N into chunks so no (N, V) float32 tensor gets large.
+
+Entropy is detached unless `entropy_grad` asks for its gradient (an entropy term in a loss): with z the raw
+logits, p = softmax(z / T) and H = -sum p log p, dH/dz_j = -(1/T) p_j (log p_j + H). Off, it costs nothing.
 """
 
 from __future__ import annotations
@@ -14,16 +17,25 @@ from torch import Tensor
 from thinkrl.forward import tempered_logits
 
 
-def head_logp(head, config, hidden: Tensor, targets: Tensor, temperature: float, want_entropy: bool, topk_ids: Tensor | None):
-    """log-prob of targets (N,), detached entropy (N,), and log-probs at topk_ids (N, K) for N hidden states.
-    Plain autograd; the common case (no top-K, no logit scaling) goes through FusedHead instead."""
+def head_logp(
+    head,
+    config,
+    hidden: Tensor,
+    targets: Tensor,
+    temperature: float,
+    want_entropy: bool,
+    topk_ids: Tensor | None,
+    entropy_grad: bool = False,
+):
+    """log-prob of targets (N,), entropy (N,) (detached unless entropy_grad), and log-probs at topk_ids (N, K)
+    for N hidden states. Plain autograd; the common case (no top-K, no logit scaling) goes through FusedHead."""
     logits = tempered_logits(head, config, hidden, temperature)  # (N, V)
     logz = torch.logsumexp(logits, -1)  # (N,)
     logp = logits.gather(-1, targets[:, None]).squeeze(-1) - logz  # (N,)
     topk = logits.gather(-1, topk_ids) - logz[:, None] if topk_ids is not None else logp.new_zeros((len(logp), 0))  # (N, K)
     if not want_entropy:
         return logp, torch.zeros_like(logp.detach()), topk
-    with torch.no_grad():
+    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):  # detached: autograd keeps no (N, V) for it
         ent = logz - (torch.softmax(logits, -1) * logits).sum(-1)  # (N,)  H = log Z - E_p[logit]
     return logp, ent, topk
 
@@ -36,12 +48,14 @@ def _row_dot(a: Tensor, b: Tensor) -> Tensor:
 class FusedHead(torch.autograd.Function):
     """log pi(y) and the entropy of softmax(h W^T / T) over N positions, with the backward written out:
     d log pi(y) / d logits = (onehot(y) - p) / T. Autograd through logsumexp + gather spends about twice as
-    many full-vocabulary passes (the profile's largest non-matmul cost in a training step).
+    many full-vocabulary passes (the profile's largest non-matmul cost in a training step). The entropy is
+    non-differentiable unless `entropy_grad`; then d H / d logits = -p (log p + H) / T joins the backward.
 
     A frozen head (LoRA) needs only the gradient reaching h, and for one position that is the loss's scalar
     dL/dlog pi(y) times the (H,) vector (onehot(y) - p) W / T, known as soon as p is. The forward computes that
-    (N, H) product while p exists and saves it alone; the backward scales its rows. p (N, V) is then neither
-    kept nor recomputed, which spares one full-vocabulary matmul per chunk when a pass is cut into chunks
+    (N, H) product while p exists and saves it alone (with entropy_grad, also -(p (log p + H)) W / T); the
+    backward scales its rows. p (N, V) is then neither kept nor recomputed, which spares one full-vocabulary
+    matmul per chunk when a pass is cut into chunks
     (the head alone on 2,048 positions in 682-row chunks, SmolLM2's 49,152 x 576, 2 cores: 2.9 s -> 1.9 s
     forward and backward; whole 16 x 1,024-token steps did not resolve it from run-to-run drift).
     A head that trains needs p itself for its weight gradient: keep=True saves p; keep=False saves only h and
@@ -50,7 +64,7 @@ class FusedHead(torch.autograd.Function):
     through the packed frozen weight (thinkrl/accel/packed.py)."""
 
     @staticmethod
-    def forward(ctx, hidden: Tensor, weight: Tensor, targets: Tensor, temperature: float, keep: bool, head=None):
+    def forward(ctx, hidden: Tensor, weight: Tensor, targets: Tensor, temperature: float, keep: bool, head=None, entropy_grad=False):
         logits = _logits(head, hidden, weight)  # (N, V)
         if temperature != 1.0:
             logits.div_(temperature)
@@ -59,26 +73,37 @@ class FusedHead(torch.autograd.Function):
         p = logp_all.exp()  # (N, V)
         entropy = -_row_dot(p, logp_all)  # (N,)
         logp = logp_all.gather(-1, targets[:, None]).squeeze(-1)  # (N,)
-        ctx.temperature, ctx.keep, ctx.head = temperature, keep, head
-        ctx.mark_non_differentiable(entropy)
+        ctx.temperature, ctx.keep, ctx.head, ctx.entropy_grad = temperature, keep, head, entropy_grad
+        ctx.set_materialize_grads(False)  # an output the loss leaves unused sends None, not zeros to multiply
+        if not entropy_grad:
+            ctx.mark_non_differentiable(entropy)
         ctx.frozen = not ctx.needs_input_grad[1]
         if ctx.frozen:  # d log pi(y) / d h = (onehot(y) - p) W / T, per position
+            dh = dh_entropy = None
+            if ctx.needs_input_grad[0] and entropy_grad:  # d H / d h = -(p (log p + H)) W / T, in log p's buffer
+                logp_all.add_(entropy[:, None]).mul_(p).neg_()  # (N, V)
+                dh_entropy = (logp_all.to(hidden.dtype) @ weight).div_(temperature)  # (N, H)
             del logits, logp_all  # the (N, V) buffer they share, before p's product allocates
-            dh = None
             if ctx.needs_input_grad[0]:
                 p.neg_().scatter_add_(-1, targets[:, None], torch.ones_like(p[:, :1]))  # (N, V) onehot(y) - p
                 dh = (p.to(hidden.dtype) @ weight).div_(temperature)  # (N, H)
-            ctx.save_for_backward(dh)
+            ctx.save_for_backward(dh, dh_entropy)
             return logp, entropy
-        ctx.save_for_backward(hidden, weight, targets, p if keep else logz)
+        ctx.save_for_backward(hidden, weight, targets, p if keep else logz, entropy if entropy_grad else None)
         return logp, entropy
 
     @staticmethod
-    def backward(ctx, grad_logp: Tensor, _grad_entropy):
+    def backward(ctx, grad_logp: Tensor | None, grad_entropy: Tensor | None):
+        if not ctx.entropy_grad:
+            grad_entropy = None
         if ctx.frozen:
-            (dh,) = ctx.saved_tensors
-            return dh * grad_logp.to(dh.dtype)[:, None], None, None, None, None, None  # (N, H)
-        hidden, weight, targets, saved = ctx.saved_tensors
+            dh, dh_entropy = ctx.saved_tensors
+            grad_h = dh * grad_logp.to(dh.dtype)[:, None] if dh is not None and grad_logp is not None else None  # (N, H)
+            if dh_entropy is not None and grad_entropy is not None:
+                part = dh_entropy * grad_entropy.to(dh_entropy.dtype)[:, None]  # (N, H)
+                grad_h = part if grad_h is None else grad_h.add_(part)
+            return grad_h, None, None, None, None, None, None
+        hidden, weight, targets, saved, entropy = ctx.saved_tensors
         T = ctx.temperature
         if ctx.keep:
             p = saved
@@ -87,13 +112,18 @@ class FusedHead(torch.autograd.Function):
             if T != 1.0:
                 p.div_(T)
             p = p.sub_(saved[:, None]).exp_()
-        g = grad_logp.float() / T  # (N,)
-        grad_logits = p * -g[:, None]  # (N, V)
+        g = grad_logp.float() / T if grad_logp is not None else p.new_zeros(len(p))  # (N,)
+        if grad_entropy is None:
+            grad_logits = p * -g[:, None]  # (N, V)
+        else:  # -p (g + gH (log p + H)); xlogy: p log p is 0 where p underflowed (log p alone would be -inf)
+            gh = grad_entropy.float() / T  # (N,)
+            grad_logits = torch.xlogy(p, p).mul_(-gh[:, None])  # (N, V)
+            grad_logits.addcmul_(p, -(g + gh * entropy)[:, None])
         grad_logits.scatter_add_(-1, targets[:, None], g[:, None])  # + onehot(y) g
         grad_logits = grad_logits.to(hidden.dtype)
         grad_h = grad_logits @ weight if ctx.needs_input_grad[0] else None  # (N, H)
         grad_w = grad_logits.t() @ hidden if ctx.needs_input_grad[1] else None  # (V, H)
-        return grad_h, grad_w, None, None, None, None
+        return grad_h, grad_w, None, None, None, None, None
 
 
 def _logits(head, hidden: Tensor, weight: Tensor) -> Tensor:

@@ -22,7 +22,7 @@ from thinkrl.learner.head import FusedHead, head_logp, is_plain_head
 
 class LogProbs(NamedTuple):
     logp: Tensor  # (B, T) log pi(y_t), 0 at mask == 0; carries grad under autograd
-    entropy: Tensor | None  # (B, T) detached entropy of pi's next-token distribution (when asked for)
+    entropy: Tensor | None  # (B, T) entropy of pi's next-token distribution (when asked for); grad with entropy_grad
     topk_logp: Tensor | None  # (B, T, K) log pi at the given top-K ids (when given)
 
 
@@ -55,12 +55,15 @@ def token_logprobs(
     topk_ids: Tensor | None = None,
     checkpoint: bool = False,
     keep: frozenset = frozenset(),
+    entropy_grad: bool = False,
 ) -> LogProbs:
     """log pi(y_t) (B, T) of `completions` after their `prompts`, under softmax(logits / temperature); with
-    `entropy` its entropy (B, T), with topk_ids (B, T, K) log pi at those ids (B, T, K). The head runs only on
+    `entropy` its entropy (B, T), detached unless `entropy_grad` (which implies `entropy`: an entropy term in a
+    loss), with topk_ids (B, T, K) log pi at those ids (B, T, K). The head runs only on
     generated positions (mask == 1), in chunks; under autograd each chunk is checkpointed or uses FusedHead.
     `checkpoint` recomputes each decoder layer in the backward (less memory, same values), but for the outputs
     of linear layers of the (in_features, out_features) shapes in `keep` (thinkrl/accel/kept_outputs.py)."""
+    entropy = entropy or entropy_grad
     h, y, head, config = forward.hidden_states(model, prompts, completions, mask, pad_id, checkpoint, keep)
     ids = topk_ids[mask] if topk_ids is not None else None  # (N, K)
     rows = max(1, forward.CHUNK_ELEMS // head.weight.shape[0])
@@ -68,10 +71,11 @@ def token_logprobs(
     fused = ids is None and is_plain_head(head, config)
     for s in range(0, h.shape[0], rows):
         if fused:  # one chunk: keep p for the backward; several: recompute it, as checkpointing would
-            lp, ent = FusedHead.apply(h[s : s + rows], head.weight, y[s : s + rows], temperature, h.shape[0] <= rows, head)
+            lp, ent = FusedHead.apply(h[s : s + rows], head.weight, y[s : s + rows], temperature, h.shape[0] <= rows, head, entropy_grad)
             parts.append((lp, ent, lp.new_zeros((len(lp), 0))))
             continue
-        args = (head, config, h[s : s + rows], y[s : s + rows], temperature, entropy, ids[s : s + rows] if ids is not None else None)
+        ids_s = ids[s : s + rows] if ids is not None else None
+        args = (head, config, h[s : s + rows], y[s : s + rows], temperature, entropy, ids_s, entropy_grad)
         if torch.is_grad_enabled() and h.shape[0] > rows:
             from torch.utils.checkpoint import checkpoint as recompute
 
@@ -125,6 +129,18 @@ class PolicyLogProbs(torch.nn.Module):
         self.policy = policy
 
     def forward(
-        self, prompts, completions, mask, pad_id: int, temperature: float, entropy=False, topk_ids=None, checkpoint=False, keep=frozenset()
+        self,
+        prompts,
+        completions,
+        mask,
+        pad_id: int,
+        temperature: float,
+        entropy=False,
+        topk_ids=None,
+        checkpoint=False,
+        keep=frozenset(),
+        entropy_grad=False,
     ) -> LogProbs:
-        return token_logprobs(self.policy, prompts, completions, mask, pad_id, temperature, entropy, topk_ids, checkpoint, keep)
+        return token_logprobs(
+            self.policy, prompts, completions, mask, pad_id, temperature, entropy, topk_ids, checkpoint, keep, entropy_grad
+        )

@@ -137,14 +137,19 @@ def _mini_batch(ctx: UpdateContext, st: _Step, mini: Tensor, order: Tensor) -> N
         st.updates += 1
 
 
-def _forward(ctx: UpdateContext, rb: RolloutBatch, rows: Tensor, topk_ids: Tensor | None) -> tuple[LogProbs, int]:
-    """log-probs and entropy (and log-probs at topk_ids) of the given rows, trimmed to their longest completion."""
+def _forward(
+    ctx: UpdateContext, rb: RolloutBatch, rows: Tensor, topk_ids: Tensor | None, entropy_grad: bool = False
+) -> tuple[LogProbs, int]:
+    """log-probs and entropy (and log-probs at topk_ids) of the given rows, trimmed to their longest completion;
+    the entropy carries its gradient only with entropy_grad (the head's extra backward work is spent only then)."""
     T = int(rb.comp.lengths[rows].max())
     prompts = [rb.prompt_ids[i] for i in rows.tolist()]
     ids = topk_ids[rows, :T] if topk_ids is not None else None
     recompute, keep = _checkpointing(ctx, len(rows) * T)
     comp, temperature = rb.comp, ctx.cfg.rollout.temperature
-    out = ctx.model(prompts, comp.tokens[rows, :T], comp.mask[rows, :T], ctx.pad_id, temperature, True, ids, recompute, keep)
+    out = ctx.model(
+        prompts, comp.tokens[rows, :T], comp.mask[rows, :T], ctx.pad_id, temperature, True, ids, recompute, keep, entropy_grad=entropy_grad
+    )
     return out, T
 
 
@@ -167,7 +172,8 @@ def _checkpointing(ctx: UpdateContext, tokens: int) -> tuple[bool, frozenset]:
 def _micro_loss(ctx: UpdateContext, st: _Step, rows: Tensor, num_tokens: int, num_seqs: int):
     """Forward one micro-batch and apply the method: (loss, metrics, entropy (b, T), mask (b, T))."""
     rb, old, cfg, needs = st.rb, st.old, ctx.cfg, ctx.method.requires
-    out, T = _forward(ctx, rb, rows, old.topk_ids if "topk_logp" in needs else None)
+    coef = cfg.train.entropy_coef
+    out, T = _forward(ctx, rb, rows, old.topk_ids if "topk_logp" in needs else None, ctx.method.entropy_grad or coef > 0)
     logp, ent = out.logp, out.entropy
     assert ent is not None  # the training forward always computes it (metrics)
     mask = rb.comp.mask[rows, :T]
@@ -188,7 +194,7 @@ def _micro_loss(ctx: UpdateContext, st: _Step, rows: Tensor, num_tokens: int, nu
         mask=mask,
         token_ids=rb.comp.tokens[rows, :T],
         prefix_mask=prefix,
-        entropy=ent if "entropy" in needs else None,
+        entropy=(ent if ctx.method.entropy_grad else ent.detach()) if "entropy" in needs else None,  # gating methods: no grad
         old_entropy=cut(old.entropy) if "old_entropy" in needs else None,
         ref_logp=cut(st.ref_logp),
         topk_ids=cut(old.topk_ids) if topk else None,
@@ -201,6 +207,9 @@ def _micro_loss(ctx: UpdateContext, st: _Step, rows: Tensor, num_tokens: int, nu
         is_weights=correction.weights(old_logp, behav, mask, cfg.correction, exempt),
     )
     loss, metrics = method_calls.loss(ctx.method, batch)  # its return value checked: a plugin's mistake is one line
+    if coef > 0:  # over the mini-batch's global token count, as the losses divide: the micro-batch cut changes nothing
+        loss = loss - coef * torch.where(mask, ent, 0.0).sum() / num_tokens
+        metrics = {**metrics, "update/entropy_bonus": coef * masked_mean(ent, mask)}  # token-weighted across micro-batches
     # the sampler against the trainer: pi_old, or this forward's logp when pi_old is the sampler itself
     trainer_logp = logp.detach() if cfg.train.old_policy == "sampler" else old_logp
     sampled_now = mask if batch.prefix_mask is None else mask & ~batch.prefix_mask  # not historical prefixes
@@ -208,7 +217,7 @@ def _micro_loss(ctx: UpdateContext, st: _Step, rows: Tensor, num_tokens: int, nu
     if batch.is_weights is not None:
         metrics["correction/weight_mean"] = masked_mean(batch.is_weights, mask)
         metrics["correction/zero_frac"] = masked_mean(batch.is_weights == 0, mask)
-    return loss, metrics, ent, mask
+    return loss, metrics, ent.detach(), mask
 
 
 def _metrics(ctx: UpdateContext, st: _Step, step_metrics: dict[str, Tensor]) -> dict[str, float]:

@@ -47,6 +47,10 @@ class Method(Generic[C]):
     acts_off_policy: ClassVar[bool] = False
     """True when the method departs from REINFORCE only through its ratios: in an on-policy run (one update
     per rollout, no precision or staleness gap) every ratio is 1 and it trains like grpo with its aggregation."""
+    entropy_grad: ClassVar[bool] = False
+    """True when the loss differentiates through batch.entropy (an entropy bonus or penalty): the training
+    forward then returns it with its gradient, at the cost of a little more head work. False (the default, and
+    stare, entropy_fork, stapo's choice: they only select or gate tokens by entropy) hands it over detached."""
     recipe: ClassVar[dict[str, Any]] = {}
     """The regime the paper studies, as dotted config keys: `--method NAME` applies it beneath the user's
     file and -o (method.recipe: false leaves it out)."""
