@@ -31,7 +31,7 @@ ALLOWED: dict[str, set[str]] = {
     "rollout": {"accel", "config", "data", "distributed", "errors", "forward", "models", "verifier"},
     "learner": {"accel", "batch", "config", "distributed", "errors", "forward", "methods", "models", "ops", "rollout"},
     "evaluation": {"accel", "config", "data", "errors", "models", "rollout", "run", "verifier"},
-    "settings": {"config", "methods", "run"},  # where config meets the method registry
+    "settings": {"config", "errors", "methods", "run"},  # where config meets the method registry
     "setup": {"config", "data", "errors", "learner", "methods", "models", "rollout", "run", "settings", "verifier"},
     "train": {
         "accel",

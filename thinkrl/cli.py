@@ -34,6 +34,9 @@ def main(debug: bool = typer.Option(False, "--debug", help="Show full tracebacks
     _debug = debug
 
 
+RECIPE_HELP = "Whose regime: a method's name (e.g. --method grpo --recipe ctpo), or none. Default: the method's own."
+
+
 @app.command()
 def train(
     config: Path | None = typer.Argument(None, help="YAML config (only what differs from the defaults)."),
@@ -52,19 +55,20 @@ def train(
         "or a seed differ from RUN_DIR/config.yaml (recorded in RUN_DIR/changes.jsonl).",
     ),
     plugins: Path | None = typer.Option(None, "--plugins", help="Directory of extra method files."),
-    no_recipe: bool = typer.Option(False, "--no-recipe", help="Leave out the method's recipe (its paper's regime: thinkrl methods NAME)."),
+    recipe: str | None = typer.Option(None, "--recipe", help=RECIPE_HELP),
+    no_recipe: bool = typer.Option(False, "--no-recipe", help="Same as --recipe none."),
 ) -> None:
     """Train a policy with GRPO-family RL. With no arguments: bundled model, built-in arithmetic, grpo.
 
-    --method NAME applies the method's recipe, the regime its paper studies, beneath CONFIG and -o.
+    --method NAME applies the method's recipe, the regime its paper studies, beneath CONFIG and -o; --recipe OTHER
+    applies OTHER's regime instead (compare two losses in one regime), --recipe none no recipe.
 
     --resume RUN_DIR continues from the newest intact checkpoint with RUN_DIR/config.yaml; -o may change train.steps,
     train.lr, memory, logging, eval and checkpoint settings. A change to what makes the run (model, model.lora.*,
     method, data.*, prompt.*, rollout.group_size, rollout.prompts_per_step, any seed) is refused unless
-    --allow-changes; every change a resume makes is recorded in RUN_DIR/changes.jsonl (the step it took effect
-    after, old and new values) and config.yaml then holds the new values."""
+    --allow-changes; every change is recorded in RUN_DIR/changes.jsonl and config.yaml then holds the new values."""
     from thinkrl.methods import load_plugins
-    from thinkrl.settings import load_config
+    from thinkrl.settings import load_config, recipe_flag
     from thinkrl.train import train as run_train
 
     if plugins:
@@ -83,7 +87,7 @@ def train(
         if method is not None and method != trained and not allow_changes:
             raise UserError(f"--resume {resume} continues a {trained} run; drop --method {method} (or start a new run with it)")
     shorthands = {"method.name": method, "model.name": model, "data.name": dataset, "output_dir": str(output_dir) if output_dir else None}
-    cfg = load_config(config, override, recipe=False if no_recipe else None, **shorthands)
+    cfg = load_config(config, override, recipe=recipe_flag(recipe, no_recipe), **shorthands)
     run_train(cfg, resume=resume is not None, allow_changes=allow_changes)
 
 
@@ -98,17 +102,21 @@ def _check_override_spacing(overrides: list[str], config: Path | None) -> None:
 @app.command("config")
 def config_(
     method: str | None = typer.Option(None, "--method", "-m", help="Show the config --method NAME trains with (its recipe applied)."),
+    recipe: str | None = typer.Option(None, "--recipe", help=RECIPE_HELP),
+    no_recipe: bool = typer.Option(False, "--no-recipe", help="Same as --recipe none."),
     plugins: Path | None = typer.Option(None, "--plugins", help="Directory of extra method files."),
 ) -> None:
-    """Every config key with its value and doc line (with --method: that method's recipe and fields applied)."""
+    """Every config key with its value and doc line (with --method: that method's recipe and fields applied), the
+    keys the recipe set marked (recipe)."""
     from thinkrl.config.describe import describe
     from thinkrl.methods import get_method, load_plugins
-    from thinkrl.settings import load_config
+    from thinkrl.settings import applied_recipe, load_config, recipe_flag, recipe_report
 
     if plugins:
         load_plugins(plugins)
-    cfg = load_config(**({"method.name": method} if method else {}))
-    print(describe(cfg, get_method(cfg.method.name, **cfg.method.params), named=method is not None))
+    cfg = load_config(recipe=recipe_flag(recipe, no_recipe), **({"method.name": method} if method else {}))
+    m = get_method(cfg.method.name, **cfg.method.params)
+    print(describe(cfg, m, applied_recipe(cfg), recipe_report(cfg), named=method is not None))
 
 
 # over 60 lines: most of it declares the options
@@ -278,9 +286,7 @@ def run() -> None:
             raise
         from thinkrl.run.console import printable
 
-        # one line even when the message quotes a library's multi-line text: scripts and logs grep "error:";
-        # a value quoted from a data file is printed as text (terminal escapes shown, not obeyed); at most
-        # MAX_MESSAGE_CHARS of it (thinkrl/errors.py), however much text a bad value dragged in
+        # one line (scripts grep "error:"), escapes shown not obeyed, at most MAX_MESSAGE_CHARS (thinkrl/errors.py)
         line = printable(" ".join(line.strip() for line in str(e).splitlines() if line.strip()))
         print("error: " + capped(line), file=sys.stderr)
         sys.exit(2)

@@ -12,6 +12,8 @@ from typing import Any
 
 from thinkrl.config import Config
 from thinkrl.config import load as config_load
+from thinkrl.config.describe import recipe_line
+from thinkrl.errors import UserError
 from thinkrl.methods import Method, get_method, method_class
 from thinkrl.run.atomic import write_atomic
 
@@ -21,9 +23,24 @@ def recipe_of(name: str) -> dict[str, Any]:
     return method_class(name).recipe
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] = (), recipe: bool | None = None, **shorthands: Any) -> Config:
-    """config.load.load_config with the method's recipe beneath the file and the overrides."""
+def load_config(path: str | Path | None = None, overrides: list[str] = (), recipe: bool | str | None = None, **shorthands: Any) -> Config:
+    """config.load.load_config with a recipe (the method's own, or the method `recipe` names) beneath the file and
+    the overrides."""
     return config_load.load_config(path, overrides, recipe, recipes=recipe_of, **shorthands)
+
+
+def applied_recipe(cfg: Config) -> dict[str, Any]:
+    """The recipe keys and values loading `cfg` applied beneath its file and -o (empty when none applied)."""
+    source = config_load.recipe_source(cfg.method.name, cfg.method.recipe)
+    return config_load.applied_recipe(recipe_of(source), own=source == cfg.method.name) if source else {}
+
+
+def recipe_report(cfg: Config) -> str:
+    """The line a run prints about its recipe (thinkrl.config.describe.recipe_line), from `cfg` as loaded."""
+    source = config_load.recipe_source(cfg.method.name, cfg.method.recipe)
+    applied = applied_recipe(cfg)
+    left_out = tuple(k for k in (recipe_of(source) if source else {}) if k not in applied)
+    return recipe_line(cfg, applied, left_out)
 
 
 def resolve_with_method(cfg: Config) -> tuple[Config, Method]:
@@ -44,3 +61,13 @@ def on_policy_note(cfg: Config) -> str | None:
 def save_config(cfg: Config, path: str | Path) -> None:
     """Atomically (thinkrl/run/atomic.py): a full disk or a kill leaves the previous config.yaml whole."""
     write_atomic(path, config_load.config_yaml(cfg))
+
+
+def recipe_flag(recipe: str | None, no_recipe: bool) -> str | bool | None:
+    """--recipe NAME / --no-recipe as load_config's `recipe` (None: the method's own); an unknown name fails here,
+    naming the methods."""
+    if recipe is not None and no_recipe:
+        raise UserError(f"--recipe {recipe} and --no-recipe disagree; keep one (--no-recipe is --recipe none)")
+    if recipe is not None and recipe.strip().lower() not in ("none", "false", "true", "own"):
+        method_class(recipe)
+    return False if no_recipe else recipe

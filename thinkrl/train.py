@@ -45,7 +45,7 @@ from thinkrl.run import checkpoint, faults, intact, lock, records, trackers
 from thinkrl.run import resume as resuming
 from thinkrl.run.console import console, progress, shown, step_line
 from thinkrl.run.jsonl import JsonlLog
-from thinkrl.settings import on_policy_note, resolve_with_method
+from thinkrl.settings import on_policy_note, recipe_report, resolve_with_method
 from thinkrl.verifier import load_grader
 from thinkrl.verifier.shielded import ShieldedPool
 
@@ -76,7 +76,7 @@ class _Run:
 def _train(cfg: Config, resume: bool, held: contextlib.ExitStack, allow_changes: bool = False) -> Path:
     from accelerate import Accelerator
 
-    cfg, method = resolve_with_method(cfg)  # the method is built here, once
+    recipe, (cfg, method) = recipe_report(cfg), resolve_with_method(cfg)  # the recipe as loaded; the method built once
     # several processes (torchrun / accelerate launch): Accelerate sets up the process group and wraps the
     # model; thinkrl/distributed.py says which prompts are this rank's; only rank 0 writes
     accelerator = Accelerator(cpu=not torch.cuda.is_available(), **trackers.accelerator_kwargs(cfg.log, Path(cfg.output_dir)))
@@ -85,7 +85,7 @@ def _train(cfg: Config, resume: bool, held: contextlib.ExitStack, allow_changes:
     rank, world = distributed.world()
     main = rank == 0
     console.quiet = not main
-    _announce(cfg, resume, world)
+    _announce(cfg, resume, world, recipe)
     locked = main and run_dir.is_dir()  # rank 0 locks a directory that exists before reading its checkpoint,
     if locked:  # and a new one as soon as setup has worked and created it (setup.open_run_dir)
         with faults.writes(run_dir / lock.NAME, run_dir, started=False):
@@ -162,9 +162,11 @@ def _steps(run: _Run, pool, bar, flag: faults.StopFlag) -> None:
             return
 
 
-def _announce(cfg: Config, resume: bool, world: int) -> None:
-    """The run's first lines, and the one check that needs the process count."""
+def _announce(cfg: Config, resume: bool, world: int, recipe: str) -> None:
+    """The run's first lines (where, what, the recipe's every key), and the one check that needs the process count."""
     console.print(run_summary(cfg, resume), soft_wrap=True)
+    if not resume:  # a resumed run's config.yaml already holds every key; the recipe was reported at its start
+        console.print(escape(recipe), soft_wrap=True)
     note = on_policy_note(cfg)
     if note:
         console.print(f"[yellow]{note}[/]", soft_wrap=True)
@@ -271,10 +273,15 @@ def run_summary(cfg: Config, resume: bool) -> str:
     r, t = cfg.rollout, cfg.train
     what = "resuming" if resume else "run directory"
     return (
-        f"{what}: {cfg.output_dir}  (method {cfg.method.name}{'' if cfg.method.recipe else ', no recipe'}, model {cfg.model.name}, "
+        f"{what}: {cfg.output_dir}  (method {cfg.method.name}{_recipe_note(cfg)}, model {cfg.model.name}, "
         f"data {shown(cfg.data.name)}, {t.steps} steps x {r.prompts_per_step} prompts x {r.group_size}, "
         f"{t.mini_batches * t.epochs} update(s) per rollout, up to {r.max_new_tokens} new tokens, engine {r.engine})"
     )
+
+
+def _recipe_note(cfg: Config) -> str:
+    recipe = cfg.method.recipe
+    return ", no recipe" if recipe is False else f", recipe {recipe}" if isinstance(recipe, str) else ""
 
 
 def _sampler_records(method, cfg: Config) -> dict:

@@ -3,10 +3,11 @@
 section's own checks (`validate`) and the checks that span sections (`resolve`).
 
 A method's recipe is the regime its paper studies (`thinkrl methods NAME` prints it): `--method ctpo` trains
-CTPO with 4 mini-batches and sequence-level TIS, not GRPO's on-policy single update. `method.recipe: false`
-(`--no-recipe`) leaves it out. Values are parsed as YAML; every unknown key and ill-typed value is reported in
-one message, each with where it came from (file:line or the -o text) and the closest valid key, or the
-thinkrl name of a TRL / verl setting. The resolved config (every default filled in) is written into each
+CTPO with 4 mini-batches and sequence-level TIS, not GRPO's on-policy single update. `method.recipe: NAME`
+(`--recipe NAME`) applies another method's regime instead, so two losses can be compared in one regime;
+`method.recipe: none` (`--recipe none`, `--no-recipe`) applies none. Values are parsed as YAML; every unknown
+key and ill-typed value is reported in one message, each with where it came from (file:line or the -o text)
+and the closest valid key, or the thinkrl name of a TRL / verl setting. The resolved config (every default filled in) is written into each
 run directory.
 
 config/ never imports a method: what it needs of one (its recipe, its resolved fields, what it corrects
@@ -69,7 +70,7 @@ def _set(cfg: Config, dotted: str, value: Any) -> None:
         if parts[1] == "name":
             cfg.method.name = coerce(value, str, dotted)
         elif parts[1] == "recipe":
-            cfg.method.recipe = coerce(value, bool, dotted)
+            cfg.method.recipe = recipe_setting(value, dotted)
         elif parts[1] == "params":
             cfg.method.params.update(coerce(value, dict, dotted))
         else:  # validated later against the method's own Config
@@ -117,16 +118,38 @@ def parse_override(text: str) -> tuple[str, Any]:
     return key.strip(), value
 
 
+def recipe_setting(value: Any, where: str) -> bool | str:
+    """method.recipe as written (true, false, none, a method name) -> True, False or the method name."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip():
+        word = value.strip()
+        return False if word.lower() in ("none", "false", "off") else True if word.lower() in ("true", "own") else word
+    raise UserError(f"{where}={value!r}: write true (the method's own recipe), none, or a method name such as ctpo")
+
+
+def recipe_source(method: str, setting: bool | str) -> str | None:
+    """The method whose recipe applies: the run's own (True), another one (its name), or none (False)."""
+    return method if setting is True else setting or None
+
+
+def applied_recipe(recipe: Mapping[str, Any], own: bool) -> dict[str, Any]:
+    """What of a recipe applies: all of the method's own; of another method's only the regime, not the
+    `method.*` keys, which are that loss's own parameters."""
+    return {k: v for k, v in recipe.items() if own or not k.startswith("method.")}
+
+
 def load_config(
     path: str | Path | None = None,
     overrides: list[str] = (),
-    recipe: bool | None = None,
+    recipe: bool | str | None = None,
     recipes: RecipeLookup | None = None,
     **shorthands: Any,
 ) -> Config:
-    """Defaults <- the method's recipe (from `recipes`, unless recipe=False or method.recipe: false) <- YAML
-    file <- `key=value` overrides <- CLI shorthands (--method, --model, ...). Every bad key is reported in one
-    error. Without `recipes` no recipe applies (a saved config.yaml holds every key already)."""
+    """Defaults <- a recipe (from `recipes`: the method's own, or the method `recipe` / method.recipe names; none
+    when it is False or none) <- YAML file <- `key=value` overrides <- CLI shorthands (--method, --model, ...).
+    Every bad key is reported in one error. Without `recipes` no recipe applies (a saved config.yaml holds every
+    key already)."""
     entries: list[tuple[str, Any, str]] = []  # (dotted key, value, where it was written)
     if path is not None:
         path = Path(path)
@@ -134,10 +157,13 @@ def load_config(
     entries += [(*parse_override(text), f"-o {text if len(text) <= 200 else text[:197] + '...'}") for text in overrides]
     entries += [(key, value, f"--{key.rsplit('.', 1)[-1].replace('_', '-')}") for key, value in shorthands.items() if value is not None]
     name = next((v for k, v, _ in reversed(entries) if k == "method.name"), MethodSection.name)
-    use_recipe = next((v for k, v, _ in reversed(entries) if k == "method.recipe"), True) if recipe is None else recipe
+    if recipe is not None:
+        entries.append(("method.recipe", recipe, "--recipe"))
     cfg = Config()
-    if use_recipe is True and isinstance(name, str) and recipes is not None:
-        for key, value in recipes(name).items():
+    setting = next((v for k, v, _ in reversed(entries) if k == "method.recipe"), True)
+    source = recipe_source(name, recipe_setting(setting, "method.recipe")) if isinstance(name, str) else None
+    if source is not None and recipes is not None:
+        for key, value in applied_recipe(recipes(source), own=source == name).items():
             _set(cfg, key, value)
     errors = []
     for key, value, where in entries:
@@ -145,8 +171,6 @@ def load_config(
             _set(cfg, key, value)
         except UserError as e:
             errors.append(f"{e} ({where})" if not str(e).startswith(where) else str(e))
-    if recipe is not None:
-        cfg.method.recipe = recipe
     if len(errors) == 1:
         raise UserError(errors[0])
     if errors:
@@ -237,12 +261,15 @@ def on_policy_note(cfg: Config, cls: MethodSpec | type) -> str | None:
         return None
     aggregation = cfg.method.params.get("aggregation", "seq-mean-token-mean")
     estimator = cls.advantage if cfg.advantage.estimator == "auto" else cfg.advantage.estimator
-    recipe = ", ".join(f"{k}={v}" for k, v in cls.recipe.items()) or "none"
+    ratio_keys = ("train.mini_batches", "train.epochs", "rollout.staleness", "rollout.precision")
+    moves = [f"{k}={v}" for k, v in cls.recipe.items() if k in ratio_keys]
+    name = cfg.method.name
+    own = f"its own recipe sets {', '.join(moves)}, left out or overridden here" if moves else f"{name}'s own recipe sets none of them"
     return (
-        f"note: {cfg.method.name} acts only through its importance ratios, and this run is on-policy (one update per "
+        f"note: {name} acts only through its importance ratios, and this run is on-policy (one update per "
         f"rollout, rollout.precision=same, rollout.staleness=0): every ratio is 1, so its gradient is grpo's with "
         f"method.aggregation={aggregation} and advantage.estimator={estimator}. To see it act set train.mini_batches > 1, "
-        f"rollout.staleness > 0 or rollout.precision; its recipe ({recipe}) does that unless method.recipe is false."
+        f"rollout.staleness > 0 or rollout.precision ({own})."
     )
 
 

@@ -164,8 +164,9 @@ class LogConfig:
 class MethodSection:
     name: str = "grpo"
     """Policy-loss method (see `thinkrl methods`)."""
-    recipe: bool = True
-    """Apply the method's recipe, the regime its paper studies (thinkrl methods NAME), beneath the file and -o."""
+    recipe: bool | str = True
+    """Whose recipe (the regime a paper studies: thinkrl methods NAME) goes beneath the file and -o: true = this
+    method's, a method name = that method's regime (its loss's own parameters excepted), none = no recipe."""
     params: dict[str, Any] = field(default_factory=dict)
     """The method's own hyperparameters (validated against its Config)."""
 

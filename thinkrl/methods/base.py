@@ -53,7 +53,7 @@ class Method(Generic[C]):
     stare, entropy_fork, stapo's choice: they only select or gate tokens by entropy) hands it over detached."""
     recipe: ClassVar[dict[str, Any]] = {}
     """The regime the paper studies, as dotted config keys: `--method NAME` applies it beneath the user's
-    file and -o (method.recipe: false leaves it out)."""
+    file and -o (method.recipe: none leaves it out; method.recipe: OTHER applies OTHER's instead)."""
 
     def __init__(self, **overrides: Any) -> None:
         self.cfg = build(self.Config, overrides, "method.")
@@ -124,7 +124,7 @@ class Method(Generic[C]):
         for f in _ordered_fields(cls.Config):
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
             lines.append(f"  {f.name} = {default!r}    {docs.get(f.name, '')}".rstrip())
-        lines += ["", "Recipe (applied by --method NAME beneath your config file and -o; --no-recipe leaves it out):"]
+        lines += ["", "Recipe (applied by --method NAME beneath your config file and -o; --recipe none leaves it out):"]
         lines += [f"  {k} = {v!r}" for k, v in cls.recipe.items()] or ["  (none: the defaults are the paper's regime)"]
         return "\n".join(lines)
 
