@@ -1,5 +1,10 @@
 #!/usr/bin/env bash
-# Train several policy-loss methods from the same seed on the same data, then plot and tabulate them.
+# Train several methods, each under its own recipe, from one seed on the same data, then plot and tabulate them.
+#
+# What this compares: each method's whole regime (its recipe changes group size, updates per rollout, rollout
+# correction...), one seed each. It shows what the methods look like; it cannot say that one is better. For
+# that, run a study: arms in one shared regime on paired seeds, with intervals and the smallest difference the
+# seeds can detect (docs/studies.md, examples/study/grpo_vs_dr_grpo.yaml).
 #
 #   bash examples/compare_methods.sh                                    # grpo, dapo, cispo; bundled model, built-in arithmetic
 #   METHODS="grpo gspo ctpo" STEPS=100 bash examples/compare_methods.sh -o rollout.group_size=16

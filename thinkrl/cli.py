@@ -11,6 +11,8 @@ from typing import Literal
 import typer
 
 from thinkrl.errors import UserError, capped
+from thinkrl.probe.command import probe as probe_command
+from thinkrl.study.command import study as study_command
 
 # choices listed in --help and checked before anything loads
 Preset = Literal["auto", "train", "greedy", "reasoning"]  # thinkrl/evaluation/settings.py
@@ -26,6 +28,8 @@ app = typer.Typer(
     help="thinkrl: compare GRPO-family policy-loss methods on one GPU (or a laptop CPU).",
 )
 _debug = False
+app.command("study")(study_command)  # the grid and its report (thinkrl/study/command.py)
+app.command("probe")(probe_command)  # one update of each method over paired replicates (thinkrl/probe/command.py)
 
 
 @app.callback()

@@ -1,0 +1,106 @@
+"""`thinkrl probe`: one update of each method on independent replicates. The measures are checked against what
+they claim: the cosine is 1 where a method's gradient is the reference's own, the entropy slope is the
+first-order change of the entropy under a real step, and the command writes paired, adjusted comparisons."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from test_cli_e2e import tiny_args
+from tiny import tiny_lora_model
+from typer.testing import CliRunner
+
+from thinkrl.cli import app
+from thinkrl.data.prompts import Prompt
+from thinkrl.errors import UserError
+from thinkrl.learner import method_calls
+from thinkrl.methods import get_method
+from thinkrl.probe.measure import Rollouts, check_method, flat_grad, reference, replicate
+from thinkrl.rollout.collect import StepSamples
+from thinkrl.rollout.completions import Request, Sampling
+from thinkrl.rollout.engines import LeanEngine
+
+G = 4
+
+
+def samples(policy, prompts: list[list[int]], seed: int = 0) -> StepSamples:
+    """G completions per prompt sampled by `policy`, with rewards that vary within every group (length)."""
+    comp = LeanEngine().generate(policy, Request(prompts, G, Sampling(6, 1.0), [1], 0, torch.Generator().manual_seed(seed)))
+    rewards = comp.lengths.float() + 0.1 * torch.arange(len(comp.lengths)) % G  # (B,), a spread in every group
+    ps = [Prompt(str(i), "", "", "", ids) for i, ids in enumerate(prompts)]
+    return StepSamples(ps, comp, [""] * len(rewards), rewards, rewards, G)
+
+
+PROMPTS = [[4, 65, 24, 17, 36], [4, 70, 71, 72, 5], [4, 9, 10, 11, 12], [4, 30, 31, 32, 33]]
+
+
+def test_on_policy_grpo_points_exactly_along_the_reference_gradient(tiny_model_dir):
+    """On the reference's own rollouts, with no stale step, grpo's loss is minus the REINFORCE objective the
+    reference differentiates (every ratio 1, no clip, the same advantages and aggregation): cosine 1."""
+    policy = tiny_lora_model(tiny_model_dir)
+    params = [p for p in policy.parameters() if p.requires_grad]
+    data = Rollouts(samples(policy, PROMPTS), policy, 0, 1.0)
+    g_ref, g_h = reference(policy, params, data)
+    out = replicate(policy, params, data, ["grpo", "gspo"], torch.arange(len(PROMPTS) * G), g_ref, g_h)
+    assert out["grpo"]["cos_ref"] == pytest.approx(1.0, abs=1e-5)
+    assert out["gspo"]["cos_ref"] == pytest.approx(1.0, abs=1e-5)  # on-policy, gspo's sequence ratio is 1 too
+    assert out["grpo"]["grad_norm"] == pytest.approx(float(g_ref.norm()), rel=1e-4)
+
+
+def test_the_entropy_slope_is_the_first_order_change_of_a_real_step(tiny_model_dir):
+    policy = tiny_lora_model(tiny_model_dir)
+    params = [p for p in policy.parameters() if p.requires_grad]
+    data = Rollouts(samples(policy, PROMPTS), policy, 0, 1.0)
+    ref = Rollouts(samples(policy, PROMPTS, seed=1), policy, 0, 1.0)
+    g_ref, g_h = reference(policy, params, ref)
+    rows = torch.arange(G)  # one group
+    slope = replicate(policy, params, data, ["cispo"], rows, g_ref, g_h)["cispo"]["entropy_slope"]
+    lp = data.logprobs(policy, rows)
+    loss, _ = method_calls.loss(get_method("cispo"), data.batch(get_method("cispo"), rows, lp.logp, None))
+    g = flat_grad(loss, params, retain=False)
+
+    def mean_entropy() -> float:
+        with torch.no_grad():
+            parts = [ref.logprobs(policy, r, entropy=True) for r in ref.chunks()]
+            mask = ref.s.comp.mask
+            return float(sum((p.entropy * mask[r, : p.entropy.shape[1]]).sum() for p, r in zip(parts, ref.chunks())) / mask.sum())
+
+    before, lr = mean_entropy(), 1e-2
+    with torch.no_grad():  # theta - lr * g, then back
+        offset = 0
+        for p in params:
+            p.sub_(lr * g[offset : offset + p.numel()].view_as(p))
+            offset += p.numel()
+    after = mean_entropy()
+    assert slope != 0 and (after - before) / lr == pytest.approx(slope, rel=0.05)
+
+
+def test_a_method_whose_loss_reads_what_the_probe_does_not_build_is_refused():
+    with pytest.raises(UserError, match="cannot probe sis: its loss reads topk_ids"):
+        check_method(get_method("sis"))
+    check_method(get_method("stapo"))  # entropy: built
+
+
+def test_the_probe_command_writes_paired_adjusted_comparisons(tiny_model_dir, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    shared = tiny_args(tiny_model_dir, tmp_path / "unused")
+    overrides = [x for i, a in enumerate(shared) if a == "-o" and "train.steps" not in shared[i + 1] for x in ("-o", shared[i + 1])]
+    args = ["probe", "--model", str(tiny_model_dir), "--methods", "grpo,gspo,cispo", "--replicates", "3", "--stale-prompts", "2"]
+    result = CliRunner().invoke(app, [*args, "--reference-prompts", "2", "--output", "out", *overrides], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "out" / "probe.json").read_text())
+    assert report["replicates"] == 3 and len(report["raw"]) == 3 and set(report["methods"]) == {"grpo", "gspo", "cispo"}
+    assert [(c["method"], c["measure"]) for c in report["comparisons"]][:2] == [("gspo", "entropy_slope"), ("gspo", "cos_ref")]
+    assert all(c["baseline"] == "grpo" and "p_holm" in c for c in report["comparisons"])
+    assert "## Paired differences" in (tmp_path / "out" / "probe.md").read_text()
+    assert "probe: out/probe.md" in result.output
+
+
+def test_bad_probe_flags_fail_in_one_line():
+    runner = CliRunner()
+    result = runner.invoke(app, ["probe", "--methods", "grpo"])
+    assert result.exit_code != 0 and "name two or more distinct methods" in str(result.exception)
+    result = runner.invoke(app, ["probe", "--replicates", "1"])
+    assert "--replicates 1: must be >= 2" in str(result.exception)

@@ -1,0 +1,177 @@
+"""A one-step probe: from one starting point, what one update of each method does, over independent replicates.
+
+The setup is the one where policy losses differ: a later mini-batch of an update phase, whose policy has moved
+away from the one that sampled. The starting policy theta0 samples every rollout (so pi_old = mu = theta0), then
+takes `stale_updates` grpo steps on a separate batch of `stale_prompts` groups (theta1). Replicate r takes its
+own `groups` prompt groups, sampled for it alone (so replicates are independent), and each method's loss
+gradient g at theta1 on them. Per replicate and method:
+
+- grad_norm: |g|;
+- cos_ref: the cosine of -g with a large-sample on-policy policy gradient at theta1 (fresh rollouts of theta1,
+  REINFORCE with group advantages): how well the method's stale estimate points where the true gradient does;
+- entropy_slope: dH/d(lr) of a plain gradient step theta1 - lr * g, with H the mean token entropy over the
+  reference rollouts: -<grad H, g>, exact to first order (the entropy head has a gradient);
+- clip_frac: the share of tokens the method clipped or masked, when it reports one.
+
+pi_old is the sampler's own log-prob of each token (behav_logp: theta0 sampled in the training precision, so
+they agree to rounding). Every method sees the same replicate, so methods are compared pair by pair.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+from torch import Tensor
+
+from thinkrl import accel
+from thinkrl.batch import TokenBatch
+from thinkrl.config import Config
+from thinkrl.learner import method_calls
+from thinkrl.learner.advantages import compute_advantages
+from thinkrl.learner.logprobs import dropout_off, token_logprobs
+from thinkrl.methods import Method, get_method
+from thinkrl.rollout.collect import StepSamples
+
+READS = frozenset({"entropy", "old_entropy", "token_ids"})  # what a probed loss may read beyond logp, old_logp, advantages, mask
+CLIP_KEYS = ("clip/frac", "mask/frac", "masked/frac")
+
+
+@dataclass(frozen=True)
+class ProbeSettings:
+    methods: tuple[str, ...]
+    replicates: int = 200
+    groups: int = 1  # prompt groups per replicate, sampled for it alone
+    stale_prompts: int = 8  # groups of the batch the stale steps train on
+    stale_updates: int = 2  # grpo steps from the sampler (pi_old) to the probed policy
+    reference_prompts: int = 32  # groups of the on-policy reference gradient and the entropy measurement
+    seed: int = 0
+
+
+def check_method(method: Method) -> None:
+    from thinkrl.errors import UserError
+
+    extra = set(method.requires) - READS
+    if extra:
+        raise UserError(
+            f"thinkrl probe cannot probe {method.name}: its loss reads {', '.join(sorted(extra))}, which the probe does not "
+            f"build (it gives logp, old_logp, behav_logp, advantages, entropy, old_entropy and token ids)"
+        )
+
+
+class Rollouts:
+    """Sampled groups with what pi_old (the sampler, theta0) contributes: its log-probs, and its entropy when a
+    probed method reads old_entropy (one no-grad pass)."""
+
+    def __init__(self, samples: StepSamples, policy, pad: int, temperature: float, old_entropy: bool = False) -> None:
+        self.s, self.pad, self.temperature = samples, pad, temperature
+        self.prompt_ids = [p.ids for p in samples.prompts for _ in range(samples.group_size)]
+        self.old_logp, self.old_entropy = samples.comp.behav_logp, None  # (B, T)
+        if old_entropy:
+            with torch.no_grad():
+                self.old_entropy = torch.cat([self._padded(self.logprobs(policy, rows, entropy=True).entropy) for rows in self.chunks()])
+
+    def _padded(self, x: Tensor) -> Tensor:
+        return torch.nn.functional.pad(x, (0, self.s.comp.tokens.shape[1] - x.shape[1]))
+
+    def group_rows(self, groups: Tensor) -> Tensor:
+        """The rows of these groups, in order.  (g,) -> (g * G,)"""
+        G = self.s.group_size
+        return (groups[:, None] * G + torch.arange(G)).reshape(-1)
+
+    def logprobs(self, policy, rows: Tensor, entropy: bool = False, entropy_grad: bool = False):
+        comp = self.s.comp
+        T = int(comp.lengths[rows].max())
+        ids = [self.prompt_ids[i] for i in rows.tolist()]
+        return token_logprobs(policy, ids, comp.tokens[rows, :T], comp.mask[rows, :T], self.pad, self.temperature, entropy, None, False,
+                              frozenset(), entropy_grad)  # fmt: skip
+
+    def batch(self, method: Method, rows: Tensor, logp: Tensor, entropy: Tensor | None, **counts: int) -> TokenBatch:
+        """The TokenBatch of `rows` (whole groups) for `method`, with its own advantage estimator; `counts`: the
+        global num_tokens / num_seqs when `rows` is one chunk of a larger batch."""
+        comp, G, T = self.s.comp, self.s.group_size, logp.shape[1]
+        adv, _ = compute_advantages(self.s.rewards[rows], G, method.advantage)  # (b,)
+        return TokenBatch(
+            logp=logp,
+            old_logp=self.old_logp[rows, :T],
+            behav_logp=comp.behav_logp[rows, :T],
+            advantages=adv.to(logp.device),
+            mask=comp.mask[rows, :T],
+            token_ids=comp.tokens[rows, :T],
+            entropy=entropy,
+            old_entropy=self.old_entropy[rows, :T] if self.old_entropy is not None else None,
+            **counts,
+        )
+
+    def chunks(self, groups: Tensor | None = None, per_chunk: int = 2) -> list[Tensor]:
+        """The rows of `groups` (default: all) in chunks of whole groups: one forward each keeps memory small."""
+        groups = torch.arange(len(self.s.prompts)) if groups is None else groups
+        return [self.group_rows(groups[i : i + per_chunk]) for i in range(0, len(groups), per_chunk)]
+
+
+def flat_grad(loss: Tensor, params: list[Tensor], retain: bool) -> Tensor:
+    grads = torch.autograd.grad(loss, params, retain_graph=retain, allow_unused=True)
+    return torch.cat([(g if g is not None else torch.zeros_like(p)).reshape(-1) for g, p in zip(grads, params)])
+
+
+def stale_steps(policy, params: list[Tensor], data: Rollouts, groups: Tensor, grpo: Method, cfg: Config, n: int) -> None:
+    """theta0 -> theta1: n AdamW steps of grpo's loss on these groups (the earlier mini-batches of a phase), each
+    accumulated over chunks with the batch's global counts."""
+    opt = torch.optim.AdamW(params, lr=cfg.train.lr, betas=tuple(cfg.train.adam_betas), weight_decay=cfg.train.weight_decay)
+    rows = data.group_rows(groups)
+    counts = {"num_tokens": int(data.s.comp.mask[rows].sum()), "num_seqs": len(rows)}
+    for _ in range(n):
+        opt.zero_grad(set_to_none=True)
+        for chunk in data.chunks(groups):
+            lp = data.logprobs(policy, chunk)
+            loss, _ = method_calls.loss(grpo, data.batch(grpo, chunk, lp.logp, None, **counts))
+            loss.backward()
+        opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
+def reference(policy, params: list[Tensor], ref: Rollouts) -> tuple[Tensor, Tensor]:
+    """(g_ref, grad H) at theta1 from its own fresh rollouts: the on-policy policy gradient (ascent direction of
+    A * log pi, sequence mean of token means) and the gradient of the mean token entropy, summed over chunks."""
+    adv, _ = compute_advantages(ref.s.rewards, ref.s.group_size, "grpo")  # (B,)
+    mask = ref.s.comp.mask
+    B, N = mask.shape[0], int(mask.sum())
+    g_ref = g_h = None
+    for rows in ref.chunks():
+        lp = ref.logprobs(policy, rows, entropy_grad=True)
+        m = mask[rows, : lp.logp.shape[1]]
+        per_seq = (lp.logp * m).sum(-1) / m.sum(-1).clamp(min=1)  # (b,)
+        objective = (adv[rows].to(per_seq.device) * per_seq).sum() / B
+        a = flat_grad(objective, params, retain=True)
+        h = flat_grad((lp.entropy * m).sum() / N, params, retain=False)
+        g_ref, g_h = (a, h) if g_ref is None else (g_ref + a, g_h + h)
+    return g_ref, g_h
+
+
+def replicate(policy, params, data: Rollouts, names: list[str], rows: Tensor, g_ref: Tensor, g_h: Tensor) -> dict[str, dict]:
+    """One mini-batch, every method's gradient on it, and what each would do. Each method is built afresh, so a
+    controller that begin_step moves (stare's, ais's) starts every replicate in the same state."""
+    methods, out = [get_method(n) for n in names], {}
+    lp = data.logprobs(policy, rows, entropy=any("entropy" in m.requires for m in methods))
+    for i, m in enumerate(methods):
+        batch = data.batch(m, rows, lp.logp, lp.entropy.detach() if lp.entropy is not None else None)
+        method_calls.begin_step(m, replace(batch, logp=batch.logp.detach()))
+        loss, metrics = method_calls.loss(m, batch)
+        g = flat_grad(loss, params, retain=i < len(methods) - 1)
+        norm = float(g.norm())
+        cos = float(-(g @ g_ref) / (norm * float(g_ref.norm()))) if norm > 0 else None  # no update, no direction
+        clip = next((float(metrics[k]) for k in CLIP_KEYS if k in metrics), None)
+        out[m.name] = {"grad_norm": norm, "cos_ref": cos, "entropy_slope": float(-(g @ g_h)), "clip_frac": clip}
+    return out
+
+
+def run_replicates(policy, params, data: Rollouts, g_ref, g_h, ps: ProbeSettings, advance) -> list[dict[str, dict]]:
+    """Replicate r: groups [stale_prompts + r * groups, ...) of the rollouts, each used once."""
+    results = []
+    with dropout_off(policy), accel.update_pass(policy):
+        for r in range(ps.replicates):
+            first = ps.stale_prompts + r * ps.groups
+            rows = data.group_rows(torch.arange(first, first + ps.groups))
+            results.append(replicate(policy, params, data, list(ps.methods), rows, g_ref, g_h))
+            advance()
+    return results

@@ -1,0 +1,74 @@
+"""The probe's summary: per method the mean of each measure over replicates with its 95% interval; per method
+against the first one the paired difference (replicates share their mini-batch), Holm-adjusted over every
+(method, measure) test, with the minimum detectable effect. Written as probe.json and probe.md."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from thinkrl.study import stats
+
+MEASURES = {
+    "entropy_slope": "dH/d(lr) of a plain step along the update (first order)",
+    "cos_ref": "cosine of the update with the on-policy reference gradient",
+    "grad_norm": "norm of the loss gradient",
+    "clip_frac": "share of tokens clipped or masked (as the method reports it)",
+}
+
+
+def summarise(results: list[dict[str, dict]], methods: list[str]) -> dict[str, Any]:
+    per: dict[str, dict[str, Any]] = {}
+    for m in methods:
+        per[m] = {}
+        for k in MEASURES:
+            xs = [r[m][k] for r in results if r[m][k] is not None]
+            per[m][k] = stats.mean_interval(xs).to_dict() if xs else None
+    base, tests = methods[0], []
+    for m in methods[1:]:
+        for k in MEASURES:
+            pairs = [(r[m][k], r[base][k]) for r in results if r[m][k] is not None and r[base][k] is not None]
+            if len(pairs) >= 2:
+                d = stats.paired_difference([a for a, _ in pairs], [b for _, b in pairs])
+                tests.append({"method": m, "baseline": base, "measure": k, "paired": d, "mde": stats.minimum_detectable_effect(d.sd, d.n)})
+    adjusted = stats.holm([t["paired"].p for t in tests])
+    comparisons = []
+    for t, p in zip(tests, adjusted):
+        words = stats.verdict(t["paired"], p, t["mde"], 0.05, None, t["method"], t["baseline"], t["measure"], unit="replicates")
+        comparisons.append({**t, "paired": t["paired"].to_dict(), "p_holm": _finite(p), "mde": _finite(t["mde"]), "verdict": words})
+    return {"replicates": len(results), "methods": per, "comparisons": comparisons}
+
+
+def _finite(x: float) -> float | None:
+    return x if math.isfinite(x) else None
+
+
+def _c(x: Any) -> str:
+    return "-" if x is None else f"{x:.4g}"
+
+
+def markdown(summary: dict[str, Any], setting: dict[str, Any]) -> str:
+    lines = ["# One-step probe", "", "Setting: " + ", ".join(f"{k}={v}" for k, v in setting.items()), ""]
+    for k, what in MEASURES.items():
+        lines += [f"## {k}: {what}", "", "| method | replicates | mean | 95% interval |", "|---|---|---|---|"]
+        for m, per in summary["methods"].items():
+            r = per[k]
+            lines.append(f"| {m} | {r['n'] if r else 0} | {_c(r and r['mean'])} | {_c(r and r['lower'])} to {_c(r and r['upper'])} |")
+        lines.append("")
+    lines += ["## Paired differences (Holm-adjusted over every row)", ""]
+    lines += ["| method - baseline | measure | difference | 95% interval | Holm p | MDE (80%) |", "|---|---|---|---|---|---|"]
+    for c in summary["comparisons"]:
+        p = c["paired"]
+        lines.append(
+            f"| {c['method']} - {c['baseline']} | {c['measure']} | {_c(p['mean_diff'])} | {_c(p['lower'])} to {_c(p['upper'])} | "
+            f"{_c(c['p_holm'])} | {_c(c['mde'])} |"
+        )
+    return "\n".join(lines + ["", "Verdicts:", ""] + [f"- {c['verdict']}" for c in summary["comparisons"]]) + "\n"
+
+
+def write(out: Path, summary: dict[str, Any], setting: dict[str, Any], results: list[dict[str, dict]]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "probe.json").write_text(json.dumps({"setting": setting, **summary, "raw": results}, indent=1, allow_nan=False) + "\n")
+    (out / "probe.md").write_text(markdown(summary, setting))

@@ -1,0 +1,123 @@
+"""A whole probe from a config: model, rollouts, the stale steps, the reference, the replicates, the summary.
+
+The config is a training config (defaults, a file, -o), with no recipe: the probe's regime is shared by every
+method it probes, as a study's is. The methods are built with their own default parameters.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from thinkrl import accel, setup
+from thinkrl.config import Config
+from thinkrl.errors import UserError
+from thinkrl.learner.logprobs import dropout_off
+from thinkrl.methods import get_method
+from thinkrl.models import eos_ids, load_policy, load_tokenizer, resolve_path
+from thinkrl.probe.measure import ProbeSettings, Rollouts, check_method, reference, run_replicates, stale_steps
+from thinkrl.rollout.collect import RolloutContext, RolloutPlan, StepSamples, collect
+from thinkrl.rollout.completions import Completions
+from thinkrl.rollout.engines import engine_for_run
+from thinkrl.rollout.policy_copy import PolicySampler
+from thinkrl.run.checkpoint import load_weights_into
+from thinkrl.run.console import console, progress
+from thinkrl.verifier import load_grader
+from thinkrl.verifier.rewards import RewardSet
+from thinkrl.verifier.shielded import ShieldedPool
+
+MAX_ROUNDS = 8
+
+
+def run_probe(cfg: Config, ps: ProbeSettings, checkpoint: Path | None = None) -> tuple[list[dict[str, dict]], dict[str, float]]:
+    """The replicates' measurements, and what the starting point looked like (for the report). `checkpoint`: a
+    run's checkpoint to start from (its weights on cfg's model)."""
+    for name in ps.methods:
+        check_method(get_method(name))
+    t0 = time.perf_counter()
+    tok = load_tokenizer(resolve_path(cfg.model.name))
+    prompts, _ = setup.prepare_data(cfg, tok)
+    rewards = RewardSet(cfg.reward.functions)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    setup.reseed(ps.seed, 0, device)  # the LoRA init, as a run with train.seed = ps.seed
+    policy, tok = load_policy(cfg.model, device)
+    if checkpoint is not None:
+        load_weights_into(policy, checkpoint)
+    params = [p for p in policy.parameters() if p.requires_grad]
+    engine = engine_for_run(cfg, device)
+    sampler = PolicySampler(policy, cfg.rollout.precision)
+    plan, pad, temperature = RolloutPlan.from_config(cfg), tok.pad_token_id, cfg.rollout.temperature
+    needs_old_entropy = any("old_entropy" in get_method(n).requires for n in ps.methods)
+    try:
+        with ShieldedPool(cfg.verifier.workers, cfg.verifier.timeout, grade_fn=load_grader(cfg.verifier.grader)) as pool:
+            eos = eos_ids(policy, tok)
+            want = ps.stale_prompts + ps.replicates * ps.groups  # the stale batch, then every replicate's groups
+            ctx = RolloutContext(plan, engine, sampler, tok, pool, rewards, eos, pad)
+            sampler.refresh()
+            order = random.Random(ps.seed).sample(prompts, len(prompts))  # every round and the reference: prompts not used before
+            sampled, used = _groups_with_spread(ctx, order, want, ps.seed, device)
+            with dropout_off(policy), accel.update_pass(policy):
+                data = Rollouts(sampled, policy, pad, temperature, needs_old_entropy)
+                stale_steps(policy, params, data, torch.arange(ps.stale_prompts), get_method("grpo"), cfg, ps.stale_updates)
+            sampler.refresh()
+            ctx.plan = replace(plan, prompts_per_step=ps.reference_prompts)
+            fresh = collect(ctx, 0, order[used : used + ps.reference_prompts], setup.reseed(ps.seed, 2, device))
+    finally:
+        engine.close()
+    ref = Rollouts(fresh, policy, pad, temperature)
+    with dropout_off(policy), accel.update_pass(policy):
+        g_ref, g_h = reference(policy, params, ref)
+    start = {
+        "reward_mean": float(data.s.rewards.mean()),
+        "reference_reward_mean": float(fresh.rewards.mean()),
+        "reference_grad_norm": float(g_ref.norm()),
+        "setup_seconds": time.perf_counter() - t0,
+    }
+    G = data.s.group_size
+    console.print(
+        f"probe: {ps.stale_updates} grpo steps on {ps.stale_prompts} x {G} rollouts, a reference of {ps.reference_prompts} x {G}, "
+        f"{ps.replicates} replicates of {ps.groups} x {G}"
+    )
+    with progress() as bar:
+        task = bar.add_task("probe", total=ps.replicates, info=", ".join(ps.methods))
+        results = run_replicates(policy, params, data, g_ref, g_h, ps, lambda: bar.advance(task))
+    start["seconds"] = time.perf_counter() - t0
+    return results, start
+
+
+def _groups_with_spread(ctx: RolloutContext, order: list, want: int, seed: int, device) -> tuple[StepSamples, int]:
+    """`want` groups whose rewards differ (a group with one reward has no advantage: no method gets a gradient
+    from it), sampled in rounds over `order`, each round sized by the share that had a spread so far; and how
+    many prompts of `order` that used."""
+    parts: list[StepSamples] = []
+    kept, used = 0, 0
+    for rnd in range(MAX_ROUNDS):
+        share = kept / used if used else 0.5
+        ask = max(8, math.ceil((want - kept) / max(share, 0.05) * 1.1))
+        batch = order[used : used + ask]
+        if not batch:
+            break
+        ctx.plan = replace(ctx.plan, prompts_per_step=len(batch), dynamic_sampling=True, max_sampling_rounds=1)
+        got = collect(ctx, 0, batch, setup.reseed(seed, 1_000 + rnd, device))
+        parts.append(got)
+        kept, used = kept + len(got.prompts), used + len(batch)
+        if kept >= want:
+            return _join(parts, want, ctx.pad), used
+    raise UserError(
+        f"only {kept} of {used} sampled prompt groups had a reward spread ({want} needed): the starting policy solves (almost) "
+        "none or all of them. Start from a trained run (--from RUN_DIR), or ask for fewer --replicates"
+    )
+
+
+def _join(parts: list[StepSamples], n: int, pad: int) -> StepSamples:
+    """The first n groups of several rounds as one StepSamples."""
+    G = parts[0].group_size
+    prompts = [p for s in parts for p in s.prompts][:n]
+    comp = Completions.cat([s.comp for s in parts if s.prompts], pad).select(torch.arange(n * G))
+    rewards, scores = torch.cat([s.rewards for s in parts])[: n * G], torch.cat([s.scores for s in parts])[: n * G]
+    return StepSamples(prompts, comp, [t for s in parts for t in s.texts][: n * G], scores, rewards, G)

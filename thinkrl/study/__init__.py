@@ -1,0 +1,1 @@
+"""Studies: a grid of arms x paired seeds run as ordinary runs, and a report that compares them."""
