@@ -166,7 +166,10 @@ def tiny_study(tmp_path: Path, model_dir: Path, steps: int) -> Path:
     return path
 
 
-def test_a_study_runs_two_at_a_time_stops_on_sigterm_and_resumes(tiny_model_dir, tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_a_study_runs_two_at_a_time_stops_and_resumes(tiny_model_dir, tmp_path, sig):
+    """SIGTERM (a scheduler, Ctrl-C): the running runs checkpoint and the study says how to continue. SIGKILL:
+    the runs get SIGTERM from the kernel (parent-death signal) and checkpoint; the restart waits for them."""
     path, out = tiny_study(tmp_path, tiny_model_dir, 6), tmp_path / "st"
     args = [sys.executable, "-m", "thinkrl", "study", str(path), "--output-dir", str(out), "--jobs", "2"]
     proc = subprocess.Popen(args, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -174,10 +177,13 @@ def test_a_study_runs_two_at_a_time_stops_on_sigterm_and_resumes(tiny_model_dir,
     first = out / "runs" / "grpo" / "seed-0" / "checkpoints"
     while time.time() < deadline and not any(first.glob("step-*")):  # stop once a run is under way
         time.sleep(0.2)
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(sig)
     output = proc.communicate(timeout=300)[0]
-    assert proc.returncode == 130, output
-    assert f"continue with: thinkrl study {path} --output-dir {out}" in output
+    if sig == signal.SIGTERM:
+        assert proc.returncode == 130, output
+        assert f"continue with: thinkrl study {path} --output-dir {out}" in output
+    else:
+        assert proc.returncode == -signal.SIGKILL
     grid = cells(parse_study(yaml.safe_load((out / "study.yaml").read_text()), "s"), out)
     assert any(c.state == "partial" for c in grid) and not all(c.state == "done" for c in grid)
     again = subprocess.run(args, env=_env(), capture_output=True, text=True, timeout=600)

@@ -117,6 +117,24 @@ class DirLock:
         return f"{self.dir} is in use by another {self.what} ({_describe(holder)}); {fix}, or use {self.elsewhere}"
 
 
+def in_use(directory: Path) -> bool:
+    """True while another process holds DIR/.lock (a study waits for a run a killed study left stopping)."""
+    try:
+        fd = os.open(Path(directory) / NAME, os.O_RDWR | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    except BlockingIOError:
+        return True
+    except OSError:  # no flock on this file system: the run's own start decides
+        return False
+    finally:
+        os.close(fd)
+
+
 def record() -> dict:
     """What this process writes into the lock file: who holds it, for the other process's message."""
     argv = list(sys.argv) or ["python"]

@@ -21,6 +21,7 @@ import yaml
 from thinkrl.errors import UserError
 from thinkrl.run.checkpoint import complete_checkpoints
 from thinkrl.run.console import console, progress
+from thinkrl.run.lock import in_use
 from thinkrl.study.spec import Cell, Study, parse_study
 
 DECLARED = "study.yaml"
@@ -93,9 +94,15 @@ def run_grid(study: Study, study_dir: Path, jobs: int) -> list[Cell]:
         task = bar.add_task(study.name, total=total, completed=total - len(todo), info="")
         try:
             while todo or running:
-                while todo and len(running) < jobs:
+                free = [c for c in todo if not in_use(c.run_dir)]  # a run a killed study left stopping: wait for it
+                while free and len(running) < jobs:
                     slot = next(i for i in range(jobs) if i not in running)
-                    cell = todo.pop(0)
+                    cell = free.pop(0)
+                    todo.remove(cell)
+                    cell.state = _state(cell.run_dir)  # it may have checkpointed (or finished) since the grid was read
+                    if cell.state == "done":
+                        bar.advance(task)
+                        continue
                     running[slot] = (cell, _start(study, cell, _env(slot, jobs, devices)))
                 for slot, (cell, proc) in list(running.items()):
                     if proc.poll() is None:
@@ -119,13 +126,25 @@ def _interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
+# Runs the command after asking the kernel for SIGTERM when the study process dies, however it dies (SIGKILL
+# included): a run then checkpoints and stops, and the next `thinkrl study` resumes it. Set in the child itself
+# (then exec), not in a preexec_fn, which is unsafe in a process with threads (the progress bar's).
+_ORPHAN_GUARD = (
+    "import ctypes, os, signal, sys\n"
+    "try:\n    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG (Linux)\n"
+    "except (OSError, AttributeError):\n    pass\n"
+    "os.execv(sys.argv[1], sys.argv[1:])"
+)
+
+
 def _start(study: Study, cell: Cell, env: dict[str, str]) -> subprocess.Popen:
     cell.log.parent.mkdir(parents=True, exist_ok=True)
     cell.run_dir.parent.mkdir(parents=True, exist_ok=True)
     with open(cell.log, "a") as log:
         log.write(f"$ {shell_line(study, cell)}\n")
         log.flush()
-        return subprocess.Popen(command(study, cell), stdout=log, stderr=subprocess.STDOUT, env=env)
+        guarded = [sys.executable, "-c", _ORPHAN_GUARD, *command(study, cell)]
+        return subprocess.Popen(guarded, stdout=log, stderr=subprocess.STDOUT, env=env)
 
 
 def _stop(running: dict[int, tuple[Cell, subprocess.Popen]]) -> None:
