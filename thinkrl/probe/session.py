@@ -61,6 +61,7 @@ def run_probe(cfg: Config, ps: ProbeSettings, checkpoint: Path | None = None) ->
             sampler.refresh()
             order = random.Random(ps.seed).sample(prompts, len(prompts))  # every round and the reference: prompts not used before
             sampled, used = _groups_with_spread(ctx, order, want, ps.seed, device)
+            t_sampled = time.perf_counter()
             with dropout_off(policy), accel.update_pass(policy):
                 data = Rollouts(sampled, policy, pad, temperature, needs_old_entropy)
                 stale_steps(policy, params, data, torch.arange(ps.stale_prompts), get_method("grpo"), cfg, ps.stale_updates)
@@ -76,6 +77,7 @@ def run_probe(cfg: Config, ps: ProbeSettings, checkpoint: Path | None = None) ->
         "reward_mean": float(data.s.rewards.mean()),
         "reference_reward_mean": float(fresh.rewards.mean()),
         "reference_grad_norm": float(g_ref.norm()),
+        "sampling_seconds": t_sampled - t0,  # model load and the replicates' rollouts
         "setup_seconds": time.perf_counter() - t0,
     }
     G = data.s.group_size
@@ -97,7 +99,7 @@ def _groups_with_spread(ctx: RolloutContext, order: list, want: int, seed: int, 
     parts: list[StepSamples] = []
     kept, used = 0, 0
     for rnd in range(MAX_ROUNDS):
-        share = kept / used if used else 0.5
+        share = kept / used if used else 1.0  # the first round asks for what is needed; later ones for the shortfall
         ask = max(8, math.ceil((want - kept) / max(share, 0.05) * 1.1))
         batch = order[used : used + ask]
         if not batch:
