@@ -8,21 +8,17 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from accelerate import Accelerator
-from dist_update import G, P, global_batch  # tests/dist_update.py: 4 prompts x 3 completions of uneven lengths
+from test_update import learner
 
 import thinkrl.forward as forward
 import thinkrl.learner.update as update_module
 from thinkrl import accel
 from thinkrl.errors import UserError
-from thinkrl.learner.advantages import compute_advantages
-from thinkrl.learner.batching import RolloutBatch
 from thinkrl.learner.head import FusedHead, head_logp
-from thinkrl.learner.logprobs import PolicyLogProbs, dropout_off, token_logprobs
-from thinkrl.learner.update import UpdateContext, update
+from thinkrl.learner.logprobs import dropout_off, token_logprobs
+from thinkrl.learner.update import update
 from thinkrl.methods import get_method
-from thinkrl.models import add_lora, load_base
-from thinkrl.settings import load_config, resolve
+from thinkrl.settings import load_config
 
 T_ = 0.7  # a temperature != 1: its 1/T must reach every gradient
 
@@ -170,26 +166,9 @@ def test_lora_entropy_gradient_matches_the_plain_transformers_forward(tiny_model
 
 
 def _learner(model_dir, method: str, *overrides: str):
-    """(UpdateContext, RolloutBatch) as train.py builds them, with plain SGD at lr 0.5, no gradient clipping (the
-    applied gradient is the loss's own), and LoRA B matrices drawn nonzero."""
-    opts = {"model.name": str(model_dir), "method.name": method, "output_dir": "unused"}
-    cfg = resolve(load_config(None, ["train.grad_clip=0", *overrides], **opts))
-    torch.manual_seed(0)
-    base, tok = load_base(str(model_dir), torch.float32)
-    policy = add_lora(base, cfg.model.lora)
-    with torch.no_grad():
-        for name, p in policy.named_parameters():
-            if "lora_B" in name:
-                p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(len(name))) * 0.1)
-    method = get_method(cfg.method.name, **cfg.method.params)
-    optimizer = torch.optim.SGD([p for p in policy.parameters() if p.requires_grad], lr=0.5)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
-    accelerator = Accelerator(cpu=True)
-    model, optimizer, scheduler = accelerator.prepare(PolicyLogProbs(policy), optimizer, scheduler)
-    ctx = UpdateContext(model, method, optimizer, scheduler, accelerator, cfg, tok.pad_token_id)
-    prompts, comp, rewards = global_batch(tok.pad_token_id)
-    adv, _ = compute_advantages(rewards, G, method.advantage, cfg.advantage.eps)
-    return ctx, RolloutBatch([prompts[i // G] for i in range(P * G)], comp, adv, G)
+    """test_update.py's learner (SGD at lr 0.5, LoRA B drawn nonzero) without gradient clipping: the applied
+    gradient is the loss's own."""
+    return learner(model_dir, method, "train.grad_clip=0", *overrides)
 
 
 def _step(ctx, rb) -> tuple[dict[str, torch.Tensor], dict[str, float]]:

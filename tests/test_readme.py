@@ -106,11 +106,17 @@ def workdir(tmp_path, monkeypatch) -> Path:
 def trained(monkeypatch) -> list:
     """Stub out the work of every command; returns the resolved train configs, in call order."""
     import thinkrl.evaluation.evaluate
+    import thinkrl.probe.session
     import thinkrl.run.export
+    import thinkrl.run.intact
     import thinkrl.run.plot
     import thinkrl.run.readers
+    import thinkrl.study.command
+    import thinkrl.study.grid
+    import thinkrl.study.report
     import thinkrl.train
     from thinkrl.evaluation.settings import resolve_settings
+    from thinkrl.study.spec import load_study
     from thinkrl.verifier.rewards import RewardSet
 
     calls = []
@@ -132,14 +138,23 @@ def trained(monkeypatch) -> list:
     monkeypatch.setattr(thinkrl.run.readers, "rollout_groups", lambda path, step: (step or 1, []))
     monkeypatch.setattr(thinkrl.run.plot, "plot_runs", lambda runs, out, smooth, title, metrics: out)
     monkeypatch.setattr(thinkrl.run.export, "export", lambda source, out, merge, dtype: out)
+    # a study's grid and a probe's measurements are real runs: stubbed like training (their files are checked)
+    monkeypatch.setattr(thinkrl.study.grid, "run_grid", lambda study, study_dir, jobs: [])
+    monkeypatch.setattr(thinkrl.study.report, "write_report", lambda study, study_dir: {"comparisons": [], "missing": []})
+    monkeypatch.setattr(
+        thinkrl.study.command, "_declared", lambda directory: load_study(ROOT / "examples" / "study" / f"{directory.name}.yaml")
+    )
+    monkeypatch.setattr(thinkrl.probe.session, "run_probe", lambda cfg, ps, ckpt=None: ([], {"seconds": 0.0}))
+    monkeypatch.setattr(thinkrl.run.intact, "find_checkpoint", lambda arg: (Path(arg), Path(arg) / "checkpoints" / "step-1"))
     return calls
 
 
 def check(command: Command, trained: list) -> None:
     """Run one documented command through the CLI (work stubbed out); fail naming the line and the error."""
     args, name = command.args, subcommand(command.args)
-    if name == "train" and "--resume" in args:
-        run_dir = Path(args[args.index("--resume") + 1])
+    flag = "--resume" if name == "train" else "--from" if name == "probe" else None  # a run the command reads
+    if flag and flag in args:
+        run_dir = Path(args[args.index(flag) + 1])
         if not (run_dir / "config.yaml").is_file():
             run_dir.mkdir(parents=True, exist_ok=True)
             save_config(resolve(load_config()), run_dir / "config.yaml")

@@ -39,6 +39,10 @@ RUN_HERE = {
     "compare runs/a runs/b": "compare runs/a runs/b",
     "show runs/a --step 40": "show runs/a --step 2",
     "export runs/a --out exported --merge": "export runs/a --out exported --merge",
+    "train --method grpo --recipe ctpo": f"train --method grpo --recipe ctpo --output-dir runs/c {SHORT} -o rollout.group_size=8",
+    "study examples/study/grpo_vs_dr_grpo.yaml --jobs 2": "study examples/study/grpo_vs_dr_grpo.yaml --jobs 2",  # as it is: minutes
+    "probe --from runs/demo -o rollout.group_size=4": "probe --from runs/a -o rollout.group_size=4 --replicates 3 --stale-prompts 2 "
+    "--reference-prompts 2 -o verifier.workers=1",
 }
 NOT_HERE = {
     "train my_run.yaml --output-dir runs/mine": "trains Qwen/Qwen2.5-Math-1.5B, a hub model",
@@ -101,3 +105,12 @@ def test_the_readme_commands_on_the_bundled_model_run(tmp_path):
     assert "grpo" in compared and "vanilla_pg" in compared and "reward final" in compared, compared  # a column per run
     assert "step 2" in outputs["show runs/a --step 40"].lower()
     assert (tmp_path / "exported" / "config.json").is_file() and list((tmp_path / "exported").glob("*.safetensors"))
+    assert (
+        "recipe ctpo (the regime of ctpo, applied to grpo): rollout.group_size=8 (recipe: 16, yours wins), train.mini_batches=4"
+        in (outputs["train --method grpo --recipe ctpo"])
+    )
+    report = json.loads((tmp_path / "studies" / "grpo_vs_dr_grpo" / "report.json").read_text())
+    assert report["missing"] == [] and [len(c["seeds"]) for c in report["comparisons"]] == [4, 4]
+    assert all(c["mde"] is not None for c in report["comparisons"])
+    probe = json.loads((tmp_path / "probe" / "probe.json").read_text())
+    assert probe["replicates"] == 3 and set(probe["methods"]) == {"grpo", "gspo", "cispo"}

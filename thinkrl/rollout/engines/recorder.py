@@ -4,9 +4,8 @@ A loop reports each step's sampled tokens as (request, token, log-prob, distribu
 one; `Recorder` writes them, with what the step asked for (top-K, entropy of the distribution the token was
 drawn from), into (R, capacity) buffers and returns right-padded (R, T) tensors at the end. The capacity grows
 geometrically with the longest completion, so memory follows the generated tokens; writing in place, rather
-than keeping a few small tensors per step, matters on the CPU: small long-lived allocations made between a
-step's large temporaries fragment the heap, and with 64 rows that grew the resident set by ~25 MB per step
-(measured with bench/engines.py, `fixed` mode).
+than keeping a few small tensors per step, keeps small long-lived allocations from fragmenting the CPU heap
+between a step's large temporaries (docs/benchmarks.md has the measurement).
 """
 
 from __future__ import annotations
