@@ -17,7 +17,7 @@ from thinkrl.data.prompts import Prompt
 from thinkrl.errors import UserError
 from thinkrl.learner import method_calls
 from thinkrl.methods import get_method
-from thinkrl.probe.measure import Rollouts, check_method, flat_grad, reference, replicate
+from thinkrl.probe.measure import Directions, Rollouts, check_method, directions, flat_grad, kl_from_start, reference, replicate, weights
 from thinkrl.rollout.collect import StepSamples
 from thinkrl.rollout.completions import Request, Sampling
 from thinkrl.rollout.engines import LeanEngine
@@ -42,11 +42,22 @@ def test_on_policy_grpo_points_exactly_along_the_reference_gradient(tiny_model_d
     policy = tiny_lora_model(tiny_model_dir)
     params = [p for p in policy.parameters() if p.requires_grad]
     data = Rollouts(samples(policy, PROMPTS), policy, 0, 1.0)
-    g_ref, g_h = reference(policy, params, data)
-    out = replicate(policy, params, data, ["grpo", "gspo"], torch.arange(len(PROMPTS) * G), g_ref, g_h)
+    d, kl = directions(policy, params, data, None)
+    out = replicate(policy, params, data, ["grpo", "gspo"], torch.arange(len(PROMPTS) * G), d)
+    g_ref = d.g_ref
     assert out["grpo"]["cos_ref"] == pytest.approx(1.0, abs=1e-5)
     assert out["gspo"]["cos_ref"] == pytest.approx(1.0, abs=1e-5)  # on-policy, gspo's sequence ratio is 1 too
     assert out["grpo"]["grad_norm"] == pytest.approx(float(g_ref.norm()), rel=1e-4)
+    assert kl == 0 and out["grpo"]["kl_slope"] == 0  # no stale step: the policy is the starting one
+
+
+def step(params: list[torch.Tensor], g: torch.Tensor, lr: float) -> None:
+    """theta -> theta - lr * g, in place."""
+    with torch.no_grad():
+        offset = 0
+        for p in params:
+            p.sub_(lr * g[offset : offset + p.numel()].view_as(p))
+            offset += p.numel()
 
 
 def test_the_entropy_slope_is_the_first_order_change_of_a_real_step(tiny_model_dir):
@@ -56,7 +67,8 @@ def test_the_entropy_slope_is_the_first_order_change_of_a_real_step(tiny_model_d
     ref = Rollouts(samples(policy, PROMPTS, seed=1), policy, 0, 1.0)
     g_ref, g_h = reference(policy, params, ref)
     rows = torch.arange(G)  # one group
-    slope = replicate(policy, params, data, ["cispo"], rows, g_ref, g_h)["cispo"]["entropy_slope"]
+    d = Directions(g_ref, g_h, torch.zeros_like(g_ref))
+    slope = replicate(policy, params, data, ["cispo"], rows, d)["cispo"]["entropy_slope"]
     lp = data.logprobs(policy, rows)
     loss, _ = method_calls.loss(get_method("cispo"), data.batch(get_method("cispo"), rows, lp.logp, None))
     g = flat_grad(loss, params, retain=False)
@@ -68,13 +80,40 @@ def test_the_entropy_slope_is_the_first_order_change_of_a_real_step(tiny_model_d
             return float(sum((p.entropy * mask[r, : p.entropy.shape[1]]).sum() for p, r in zip(parts, ref.chunks())) / mask.sum())
 
     before, lr = mean_entropy(), 1e-2
-    with torch.no_grad():  # theta - lr * g, then back
-        offset = 0
-        for p in params:
-            p.sub_(lr * g[offset : offset + p.numel()].view_as(p))
-            offset += p.numel()
+    step(params, g, lr)
     after = mean_entropy()
     assert slope != 0 and (after - before) / lr == pytest.approx(slope, rel=0.05)
+
+
+def test_the_kl_slope_is_the_first_order_change_of_the_kl_from_the_start_under_a_real_step(tiny_model_dir):
+    """theta1 a step away from theta0 (the sampler); the update's kl_slope predicts how KL(theta0 || theta)
+    over the reference positions changes along theta1 - lr * g, and the KL itself is that of a plain
+    full-vocabulary computation."""
+    policy = tiny_lora_model(tiny_model_dir)
+    params = [p for p in policy.parameters() if p.requires_grad]
+    data = Rollouts(samples(policy, PROMPTS), policy, 0, 1.0)
+    theta0 = [p.detach().clone() for p in params]
+    with torch.no_grad():
+        for p in params:
+            p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
+    ref = Rollouts(samples(policy, PROMPTS, seed=1), policy, 0, 1.0)
+    d, kl = directions(policy, params, ref, theta0)
+    rows = torch.arange(G)
+    slope = replicate(policy, params, data, ["grpo"], rows, d)["grpo"]["kl_slope"]
+    lp = data.logprobs(policy, rows)
+    loss, _ = method_calls.loss(get_method("grpo"), data.batch(get_method("grpo"), rows, lp.logp, None))
+    g = flat_grad(loss, params, retain=False)
+    with torch.no_grad():  # the KL by hand: both distributions over every position, then the mean
+        mask = ref.s.comp.mask
+        logq = torch.cat([ref.distribution(policy, r) for r in ref.chunks()])
+        with weights(params, theta0):
+            logp = torch.cat([ref.distribution(policy, r) for r in ref.chunks()])
+    assert logq.shape[0] == int(mask.sum()) and kl > 0
+    assert kl == pytest.approx(float((logp.exp() * (logp - logq)).sum(-1).mean()), rel=1e-4)
+    lr = 1e-2
+    step(params, g, lr)
+    after = kl_from_start(policy, params, ref, theta0)[1]
+    assert slope != 0 and (after - kl) / lr == pytest.approx(slope, rel=0.05)
 
 
 def test_a_method_whose_loss_reads_what_the_probe_does_not_build_is_refused():
@@ -92,7 +131,9 @@ def test_the_probe_command_writes_paired_adjusted_comparisons(tiny_model_dir, tm
     assert result.exit_code == 0, result.output
     report = json.loads((tmp_path / "out" / "probe.json").read_text())
     assert report["replicates"] == 3 and len(report["raw"]) == 3 and set(report["methods"]) == {"grpo", "gspo", "cispo"}
-    assert [(c["method"], c["measure"]) for c in report["comparisons"]][:2] == [("gspo", "entropy_slope"), ("gspo", "cos_ref")]
+    measures = ["entropy_slope", "cos_ref", "kl_slope", "grad_norm", "clip_frac"]
+    assert [(c["method"], c["measure"]) for c in report["comparisons"]][:5] == [("gspo", k) for k in measures]
+    assert report["setting"]["kl_start_to_probed"] > 0  # two stale steps moved the policy
     assert all(c["baseline"] == "grpo" and "p_holm" in c for c in report["comparisons"])
     assert "## Paired differences" in (tmp_path / "out" / "probe.md").read_text()
     assert "probe: out/probe.md" in result.output

@@ -30,8 +30,9 @@ def probe(
 
     The starting policy samples every rollout, then takes --stale-updates grpo steps on a separate batch (as in
     the later mini-batches of an update phase); each replicate gets its own --groups prompt groups and every
-    method's gradient on them: its entropy slope, cosine with an on-policy reference gradient, norm and clip
-    fraction, with intervals and Holm-adjusted paired differences against the first method."""
+    method's gradient on them: its entropy slope, cosine with an on-policy reference gradient, KL slope (away
+    from the starting policy), norm and clip fraction, with intervals and Holm-adjusted paired differences
+    against the first method."""
     from thinkrl.probe.measure import ProbeSettings
     from thinkrl.probe.report import summarise, write
     from thinkrl.probe.session import run_probe

@@ -11,6 +11,9 @@ gradient g at theta1 on them. Per replicate and method:
   REINFORCE with group advantages): how well the method's stale estimate points where the true gradient does;
 - entropy_slope: dH/d(lr) of a plain gradient step theta1 - lr * g, with H the mean token entropy over the
   reference rollouts: -<grad H, g>, exact to first order (the entropy head has a gradient);
+- kl_slope: the same for KL(theta0 || theta), the mean full-vocabulary KL from the starting policy over the
+  reference rollouts' positions: does the update move further from pi_old or back towards it (0 when there
+  are no stale steps: at theta0 the KL is at its minimum and changes only at second order);
 - clip_frac: the share of tokens the method clipped or masked, when it reports one.
 
 pi_old is the sampler's own log-prob of each token (behav_logp: theta0 sampled in the training precision, so
@@ -19,6 +22,8 @@ they agree to rounding). Every method sees the same replicate, so methods are co
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 import torch
@@ -27,6 +32,7 @@ from torch import Tensor
 from thinkrl import accel
 from thinkrl.batch import TokenBatch
 from thinkrl.config import Config
+from thinkrl.forward import hidden_states, tempered_logits
 from thinkrl.learner import method_calls
 from thinkrl.learner.advantages import compute_advantages
 from thinkrl.learner.logprobs import dropout_off, token_logprobs
@@ -103,6 +109,14 @@ class Rollouts:
             **counts,
         )
 
+    def distribution(self, policy, rows: Tensor) -> Tensor:
+        """The tempered next-token log-distribution at each generated position of `rows`.  (n, V)"""
+        comp = self.s.comp
+        T = int(comp.lengths[rows].max())
+        ids = [self.prompt_ids[i] for i in rows.tolist()]
+        h, _, head, config = hidden_states(policy, ids, comp.tokens[rows, :T], comp.mask[rows, :T], self.pad)
+        return torch.log_softmax(tempered_logits(head, config, h, self.temperature), -1)
+
     def chunks(self, groups: Tensor | None = None, per_chunk: int = 2) -> list[Tensor]:
         """The rows of `groups` (default: all) in chunks of whole groups: one forward each keeps memory small."""
         groups = torch.arange(len(self.s.prompts)) if groups is None else groups
@@ -130,6 +144,54 @@ def stale_steps(policy, params: list[Tensor], data: Rollouts, groups: Tensor, gr
     opt.zero_grad(set_to_none=True)
 
 
+@dataclass(frozen=True)
+class Directions:
+    """What each method's gradient is held against, at theta1 (flat, like the gradients)."""
+
+    g_ref: Tensor  # the on-policy policy gradient (ascent)
+    g_h: Tensor  # the gradient of the mean token entropy
+    g_kl: Tensor  # the gradient of the mean KL from theta0
+
+
+def directions(policy, params: list[Tensor], ref: Rollouts, theta0: list[Tensor] | None) -> tuple[Directions, float]:
+    """The reference directions from theta1's own rollouts, and KL(theta0 || theta1) there. theta0: the
+    starting LoRA weights (None: theta1 is theta0, the KL and its gradient are 0)."""
+    g_ref, g_h = reference(policy, params, ref)
+    if theta0 is None:
+        return Directions(g_ref, g_h, torch.zeros_like(g_ref)), 0.0
+    g_kl, kl = kl_from_start(policy, params, ref, theta0)
+    return Directions(g_ref, g_h, g_kl), kl
+
+
+@contextlib.contextmanager
+def weights(params: list[Tensor], values: list[Tensor]) -> Iterator[None]:
+    """Inside the block the parameters hold `values`; after it, what they held before."""
+    saved = [p.detach().clone() for p in params]
+    with torch.no_grad():
+        for p, v in zip(params, values):
+            p.copy_(v)
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for p, v in zip(params, saved):
+                p.copy_(v)
+
+
+def kl_from_start(policy, params: list[Tensor], ref: Rollouts, theta0: list[Tensor]) -> tuple[Tensor, float]:
+    """The gradient at theta1 of the mean over ref's generated positions of KL(pi_theta0 || pi_theta) over the
+    whole (tempered) vocabulary, and its value; chunk by chunk, theta0's distribution first (no grad)."""
+    N, grad, total = int(ref.s.comp.mask.sum()), None, 0.0
+    for rows in ref.chunks():
+        with torch.no_grad(), weights(params, theta0):
+            logp0 = ref.distribution(policy, rows)  # (n, V)
+        logq = ref.distribution(policy, rows)  # (n, V)
+        kl = (logp0.exp() * (logp0 - logq)).sum() / N
+        g = flat_grad(kl, params, retain=False)
+        grad, total = g if grad is None else grad + g, total + float(kl.detach())
+    return grad, total
+
+
 def reference(policy, params: list[Tensor], ref: Rollouts) -> tuple[Tensor, Tensor]:
     """(g_ref, grad H) at theta1 from its own fresh rollouts: the on-policy policy gradient (ascent direction of
     A * log pi, sequence mean of token means) and the gradient of the mean token entropy, summed over chunks."""
@@ -148,7 +210,7 @@ def reference(policy, params: list[Tensor], ref: Rollouts) -> tuple[Tensor, Tens
     return g_ref, g_h
 
 
-def replicate(policy, params, data: Rollouts, names: list[str], rows: Tensor, g_ref: Tensor, g_h: Tensor) -> dict[str, dict]:
+def replicate(policy, params, data: Rollouts, names: list[str], rows: Tensor, d: Directions) -> dict[str, dict]:
     """One mini-batch, every method's gradient on it, and what each would do. Each method is built afresh, so a
     controller that begin_step moves (stare's, ais's) starts every replicate in the same state."""
     methods, out = [get_method(n) for n in names], {}
@@ -158,20 +220,20 @@ def replicate(policy, params, data: Rollouts, names: list[str], rows: Tensor, g_
         method_calls.begin_step(m, replace(batch, logp=batch.logp.detach()))
         loss, metrics = method_calls.loss(m, batch)
         g = flat_grad(loss, params, retain=i < len(methods) - 1)
-        norm = float(g.norm())
-        cos = float(-(g @ g_ref) / (norm * float(g_ref.norm()))) if norm > 0 else None  # no update, no direction
+        norm, ref_norm = float(g.norm()), float(d.g_ref.norm())
+        cos = float(-(g @ d.g_ref)) / (norm * ref_norm) if norm > 0 and ref_norm > 0 else None  # no update, no direction
         clip = next((float(metrics[k]) for k in CLIP_KEYS if k in metrics), None)
-        out[m.name] = {"grad_norm": norm, "cos_ref": cos, "entropy_slope": float(-(g @ g_h)), "clip_frac": clip}
+        out[m.name] = {"grad_norm": norm, "cos_ref": cos, "entropy_slope": float(-(g @ d.g_h)), "kl_slope": float(-(g @ d.g_kl)), "clip_frac": clip}
     return out
 
 
-def run_replicates(policy, params, data: Rollouts, g_ref, g_h, ps: ProbeSettings, advance) -> list[dict[str, dict]]:
+def run_replicates(policy, params, data: Rollouts, d: Directions, ps: ProbeSettings, advance) -> list[dict[str, dict]]:
     """Replicate r: groups [stale_prompts + r * groups, ...) of the rollouts, each used once."""
     results = []
     with dropout_off(policy), accel.update_pass(policy):
         for r in range(ps.replicates):
             first = ps.stale_prompts + r * ps.groups
             rows = data.group_rows(torch.arange(first, first + ps.groups))
-            results.append(replicate(policy, params, data, list(ps.methods), rows, g_ref, g_h))
+            results.append(replicate(policy, params, data, list(ps.methods), rows, d))
             advance()
     return results

@@ -14,6 +14,7 @@ from thinkrl.study import stats
 MEASURES = {
     "entropy_slope": "dH/d(lr) of a plain step along the update (first order)",
     "cos_ref": "cosine of the update with the on-policy reference gradient",
+    "kl_slope": "dKL(start || policy)/d(lr) of a plain step along the update (first order)",
     "grad_norm": "norm of the loss gradient",
     "clip_frac": "share of tokens clipped or masked (as the method reports it)",
 }

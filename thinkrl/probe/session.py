@@ -20,7 +20,7 @@ from thinkrl.errors import UserError
 from thinkrl.learner.logprobs import dropout_off
 from thinkrl.methods import get_method
 from thinkrl.models import eos_ids, load_policy, load_tokenizer, resolve_path
-from thinkrl.probe.measure import ProbeSettings, Rollouts, check_method, reference, run_replicates, stale_steps
+from thinkrl.probe.measure import ProbeSettings, Rollouts, check_method, directions, run_replicates, stale_steps
 from thinkrl.rollout.collect import RolloutContext, RolloutPlan, StepSamples, collect
 from thinkrl.rollout.completions import Completions
 from thinkrl.rollout.engines import engine_for_run
@@ -62,21 +62,23 @@ def run_probe(cfg: Config, ps: ProbeSettings, checkpoint: Path | None = None) ->
             order = random.Random(ps.seed).sample(prompts, len(prompts))  # every round and the reference: prompts not used before
             sampled, used = _groups_with_spread(ctx, order, want, ps.seed, device)
             t_sampled = time.perf_counter()
+            theta0 = [p.detach().clone() for p in params] if ps.stale_updates else None
             with dropout_off(policy), accel.update_pass(policy):
                 data = Rollouts(sampled, policy, pad, temperature, needs_old_entropy)
                 stale_steps(policy, params, data, torch.arange(ps.stale_prompts), get_method("grpo"), cfg, ps.stale_updates)
             sampler.refresh()
-            ctx.plan = replace(plan, prompts_per_step=ps.reference_prompts)
-            fresh = collect(ctx, 0, order[used : used + ps.reference_prompts], setup.reseed(ps.seed, 2, device))
+            # the reference too keeps only groups with a reward spread: the others add nothing to its gradient
+            fresh, _ = _groups_with_spread(ctx, order[used:], ps.reference_prompts, ps.seed, device, stream=2_000)
     finally:
         engine.close()
     ref = Rollouts(fresh, policy, pad, temperature)
     with dropout_off(policy), accel.update_pass(policy):
-        g_ref, g_h = reference(policy, params, ref)
+        d, kl = directions(policy, params, ref, theta0)
     start = {
         "reward_mean": float(data.s.rewards.mean()),
         "reference_reward_mean": float(fresh.rewards.mean()),
-        "reference_grad_norm": float(g_ref.norm()),
+        "reference_grad_norm": float(d.g_ref.norm()),
+        "kl_start_to_probed": kl,  # KL(theta0 || theta1) over the reference positions: how far the stale steps went
         "sampling_seconds": t_sampled - t0,  # model load and the replicates' rollouts
         "setup_seconds": time.perf_counter() - t0,
     }
@@ -87,15 +89,15 @@ def run_probe(cfg: Config, ps: ProbeSettings, checkpoint: Path | None = None) ->
     )
     with progress() as bar:
         task = bar.add_task("probe", total=ps.replicates, info=", ".join(ps.methods))
-        results = run_replicates(policy, params, data, g_ref, g_h, ps, lambda: bar.advance(task))
+        results = run_replicates(policy, params, data, d, ps, lambda: bar.advance(task))
     start["seconds"] = time.perf_counter() - t0
     return results, start
 
 
-def _groups_with_spread(ctx: RolloutContext, order: list, want: int, seed: int, device) -> tuple[StepSamples, int]:
+def _groups_with_spread(ctx: RolloutContext, order: list, want: int, seed: int, device, stream: int = 1_000) -> tuple[StepSamples, int]:
     """`want` groups whose rewards differ (a group with one reward has no advantage: no method gets a gradient
     from it), sampled in rounds over `order`, each round sized by the share that had a spread so far; and how
-    many prompts of `order` that used."""
+    many prompts of `order` that used. `stream`: where the rounds' RNG seeds start."""
     parts: list[StepSamples] = []
     kept, used = 0, 0
     for rnd in range(MAX_ROUNDS):
@@ -105,14 +107,14 @@ def _groups_with_spread(ctx: RolloutContext, order: list, want: int, seed: int, 
         if not batch:
             break
         ctx.plan = replace(ctx.plan, prompts_per_step=len(batch), dynamic_sampling=True, max_sampling_rounds=1)
-        got = collect(ctx, 0, batch, setup.reseed(seed, 1_000 + rnd, device))
+        got = collect(ctx, 0, batch, setup.reseed(seed, stream + rnd, device))
         parts.append(got)
         kept, used = kept + len(got.prompts), used + len(batch)
         if kept >= want:
             return _join(parts, want, ctx.pad), used
     raise UserError(
         f"only {kept} of {used} sampled prompt groups had a reward spread ({want} needed): the starting policy solves (almost) "
-        "none or all of them. Start from a trained run (--from RUN_DIR), or ask for fewer --replicates"
+        "none or all of them. Start from a trained run (--from RUN_DIR), or ask for fewer --replicates or --reference-prompts"
     )
 
 
