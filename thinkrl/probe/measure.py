@@ -223,7 +223,8 @@ def replicate(policy, params, data: Rollouts, names: list[str], rows: Tensor, d:
         norm, ref_norm = float(g.norm()), float(d.g_ref.norm())
         cos = float(-(g @ d.g_ref)) / (norm * ref_norm) if norm > 0 and ref_norm > 0 else None  # no update, no direction
         clip = next((float(metrics[k]) for k in CLIP_KEYS if k in metrics), None)
-        out[m.name] = {"grad_norm": norm, "cos_ref": cos, "entropy_slope": float(-(g @ d.g_h)), "kl_slope": float(-(g @ d.g_kl)), "clip_frac": clip}
+        slopes = {"entropy_slope": float(-(g @ d.g_h)), "kl_slope": float(-(g @ d.g_kl))}
+        out[m.name] = {"grad_norm": norm, "cos_ref": cos, **slopes, "clip_frac": clip}
     return out
 
 
