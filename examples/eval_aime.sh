@@ -6,8 +6,7 @@
 #   bash examples/eval_aime.sh Qwen/Qwen2.5-Math-1.5B 32       # a hub model, n = 32
 #
 # n >= 16 on AIME: lighteval measured about one point of seed-to-seed spread in avg@16 on its 30 problems.
-# The datasets come from the Hugging Face Hub (HuggingFaceH4/aime_2024, yentinglin/aime_2025): the first
-# run needs the hub, later runs read the local cache (HF_HUB_OFFLINE=1).
+# Both problem sets ship with thinkrl (docs/evaluation.md): no hub is needed for the data.
 set -euo pipefail
 MODEL=${1:?usage: bash examples/eval_aime.sh MODEL_OR_RUN_DIR [N]}
 N=${2:-16}

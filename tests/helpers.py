@@ -54,6 +54,29 @@ def odd_reward(completion: str, answer: str):
     return {"text": "high", "nan": float("nan")}.get(completion, 1.0)
 
 
+def failing_reward(completion: str, answer: str, how: str = "raise") -> float:
+    """Fails on every text: "raise" a KeyError, "exit" sys.exit(3), "sleep" past any test's verifier.timeout,
+    "nan" returns NaN, "huge" returns 1e308 (finite, but not times a weight of 10)."""
+    import sys
+
+    if how == "exit":
+        sys.exit(3)
+    if how == "sleep":
+        time.sleep(60)
+    if how == "nan":
+        return float("nan")
+    if how == "huge":
+        return 1e308
+    raise KeyError("score_key")
+
+
+def odd_length_failing_reward(completion: str, answer: str) -> float:
+    """Raises on completions of odd length (some texts break it), distinct_chars on the others."""
+    if len(completion) % 2:
+        raise ValueError("cannot parse")
+    return distinct_chars(completion, answer)
+
+
 # graders with bugs (tests/test_bad_returns.py): what a verifier.grader may return, right and wrong
 
 

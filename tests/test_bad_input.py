@@ -113,6 +113,17 @@ def test_every_prompt_longer_than_max_prompt_tokens(tmp_path, tiny_model_dir, er
     assert f"every prompt of {path} is longer than data.max_prompt_tokens=32" in line
 
 
+@pytest.mark.parametrize("budget", ["1000000000", "512"])
+def test_a_completion_budget_past_the_models_context(tmp_path, tiny_model_dir, error_line, monkeypatch, budget):
+    """No prompt fits beside a budget of the whole 512-token context or more: refused before the model loads,
+    naming the numbers and a budget that fits."""
+    monkeypatch.setattr("thinkrl.setup.load_policy", lambda *a: pytest.fail("the model loaded"))
+    line = error_line(train(tmp_path, tiny_model_dir, "-o", f"rollout.max_new_tokens={budget}"))
+    assert f"rollout.max_new_tokens={budget} leaves no room for a prompt in the 512-token context of model {tiny_model_dir}" in line
+    assert "set it below 512 (-o rollout.max_new_tokens=256 leaves 256 tokens for the prompt)" in line
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize(
     "name, content, expected",
     [
@@ -209,6 +220,67 @@ def test_plugin_that_fails_to_import(tmp_path, tiny_model_dir, source, expected,
 def test_plugins_option_that_is_not_a_directory(tmp_path, error_line):
     line = error_line(["methods", "--plugins", str(tmp_path / "nope")])
     assert line == f"error: --plugins {tmp_path / 'nope'}: not a directory"
+
+
+# ------------------------------------------------------------------ the option parser and the engine
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["train", "--no-such-option"], "error: No such option: --no-such-option"),
+        (["eval", "--n", "many"], "error: Invalid value for '--n': "),
+        (["eval", "--engine", "bogus"], "error: Invalid value for '--engine': "),
+        (["eval", "--n"], "error: Option '--n' requires an argument."),
+        (["plot"], "error: Missing argument 'runs'."),
+        (["no-such-command"], "error: No such command 'no-such-command'."),
+        (["--no-such-global", "methods"], "error: No such option: --no-such-global"),
+    ],
+    ids=["unknown-option", "bad-type", "bad-choice", "missing-value", "missing-argument", "unknown-command", "unknown-global"],
+)
+def test_an_option_parser_error_is_one_line_not_a_panel(args, expected, error_line, capsys):
+    line = error_line(args)  # exit 2, one error line, the last thing printed
+    assert line.startswith(expected), line
+    if args[0] == "eval" and "--engine" in args:
+        assert "'bogus' is not one of 'auto', 'lean', 'transformers', 'vllm'" in line, line
+
+
+def test_help_still_exits_0_through_the_entry_point(monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["thinkrl", "train", "--help"])
+    with pytest.raises(SystemExit) as exit_:
+        run()
+    assert exit_.value.code == 0 and "--config" in capsys.readouterr().out
+
+
+def test_a_missing_vllm_is_named_before_the_model_loads(tmp_path, tiny_model_dir, error_line, monkeypatch):
+    monkeypatch.setattr("thinkrl.rollout.engines._vllm_installed", lambda: False)  # as in the main venv, wherever this runs
+    monkeypatch.setattr("thinkrl.setup.load_tokenizer", lambda *a: pytest.fail("the model loaded"))
+    monkeypatch.setattr("thinkrl.evaluation.evaluate.load_for_eval", lambda *a: pytest.fail("the model loaded"))
+    line = error_line(train(tmp_path, tiny_model_dir, "-o", "rollout.engine=vllm"))
+    assert line.startswith("error: rollout.engine=vllm needs vLLM, which is not installed here: pip install 'thinkrl[vllm]'"), line
+    assert line.endswith("or use rollout.engine=lean or rollout.engine=transformers"), line
+    line = error_line(["eval", "--model", str(tiny_model_dir), "--engine", "vllm", "--output", str(tmp_path / "eval")])
+    assert line.startswith("error: --engine vllm needs vLLM, which is not installed here: pip install 'thinkrl[vllm]'"), line
+    assert line.endswith("or use --engine lean or --engine transformers"), line
+    monkeypatch.setattr("thinkrl.probe.session.load_tokenizer", lambda *a: pytest.fail("the model loaded"))
+    line = error_line(["probe", "--model", str(tiny_model_dir), "-o", "rollout.engine=vllm", "--output", str(tmp_path / "probe")])
+    assert line.startswith("error: rollout.engine=vllm needs vLLM, which is not installed here"), line
+
+
+def test_an_engine_name_from_the_python_api_is_checked_before_the_model_loads(tmp_path, monkeypatch):
+    from thinkrl.evaluation.evaluate import evaluate
+    from thinkrl.evaluation.settings import EvalSettings
+
+    monkeypatch.setattr("thinkrl.evaluation.evaluate.load_for_eval", lambda *a: pytest.fail("the model loaded"))
+    with pytest.raises(UserError, match=r"^--engine bogus: not an engine; choose one of auto, lean, transformers, vllm"):
+        evaluate(EvalSettings(model="m", dataset="arith", engine="bogus", limit=1), [], tmp_path / "out")
+
+
+def test_a_config_named_twice_is_refused(tmp_path, error_line):
+    a, b = write(tmp_path / "a.yaml", "train: {steps: 1}\n"), write(tmp_path / "b.yaml", "train: {steps: 2}\n")
+    for command in ("train", "config"):
+        line = error_line([command, str(a), "--config", str(b)])
+        assert line == f"error: {a} and --config {b}: name one config file (CONFIG or --config CONFIG)", line
 
 
 def test_debug_shows_the_traceback_and_its_cause(tmp_path, monkeypatch):

@@ -12,6 +12,7 @@ import time
 import typing
 
 import pytest
+from test_cli_e2e import tiny_args
 from test_faults import error_line, run_cli
 
 from thinkrl.config import Config
@@ -56,6 +57,8 @@ def refused(*overrides: str) -> str:
         ("advantage.eps=.nan", r"advantage.eps must be >= 0 and finite, got nan"),
         ("reward.overlong_buffer=.inf", r"reward.overlong_buffer must be >= 0 and finite \(0 = off\), got inf"),
         ("reward.overlong_penalty=.nan", r"reward.overlong_penalty must be >= 0 and finite, got nan"),
+        ("reward.max_failure_share=0", r"reward.max_failure_share must be in \(0, 1\] \(1: stop only when every call fails\), got 0"),
+        ("reward.max_failure_share=1.5", r"reward.max_failure_share must be in \(0, 1\] .*, got 1.5"),
         ("rollout.vllm.memory=.nan", r"rollout.vllm.memory must be in \[0, 1\)"),
         ("seeds.frac_max=.inf", r"seeds.frac_min and frac_max need 0 < frac_min <= frac_max <= 1"),
         ("log.rollouts_every=-1", r"log.rollouts_every must be >= 0 \(0 = never\), got -1"),
@@ -71,6 +74,26 @@ def test_a_bad_value_is_one_line_naming_key_value_and_range(override, message):
     with pytest.raises(UserError, match=message):
         resolve(load_config(overrides=[override]))
     refused(override)  # one line, short
+
+
+@pytest.mark.parametrize(
+    "overrides, estimator",
+    [((), "grpo"), (("method.name=dr_grpo",), "no_std"), (("advantage.estimator=rloo",), "rloo")],
+)
+def test_a_group_of_one_is_refused_for_group_relative_advantages(overrides, estimator):
+    """Before: rollout.group_size=1 trained grpo and no_std on the raw reward, with no baseline, without a word."""
+    assert refused("rollout.group_size=1", *overrides) == (
+        f"rollout.group_size=1: advantage.estimator={estimator} compares each completion with the others of its prompt's "
+        "group, and a group of one has none to compare with; set rollout.group_size to 2 or more"
+    )
+
+
+def test_a_run_with_a_group_of_one_is_refused_before_the_model_loads(tiny_model_dir, tmp_path, capsys):
+    out = tmp_path / "run"
+    code, err = run_cli(tiny_args(tiny_model_dir, out, 1, "-o", "rollout.group_size=1"), capsys)
+    line = error_line(err)
+    assert code == 2 and line.startswith("error: rollout.group_size=1: advantage.estimator=grpo compares"), line
+    assert "model:" not in err and not out.exists()
 
 
 def _float_keys() -> list[tuple[str, bool]]:
@@ -201,7 +224,9 @@ def test_the_cli_prints_at_most_max_message_chars(capsys):
         ({"seed": 99999999999999999999}, r"--seed must be in \[0, 4294967295\] \(a 32-bit seed\), got 99999999999999999999"),
         ({"seed": -1}, r"--seed must be in \[0, 4294967295\]"),
         ({"n": 100000000000}, r"--n 100000000000: at most 100000 samples per problem \(one problem's n completions"),
-        ({"top_p": math.nan}, r"--top-p in \(0, 1\]"),
+        ({"top_p": math.nan}, r"--top-p must be in \(0, 1\] \(1 = off\), got nan"),
+        ({"n": 0}, r"--n must be >= 1 \(samples per problem\), got 0"),
+        ({"max_new_tokens": -5}, r"--max-new-tokens must be >= 1 \(the completion budget in tokens\), got -5"),
     ],
 )
 def test_eval_settings_are_checked(change, message):
@@ -216,6 +241,11 @@ def test_eval_settings_are_checked(change, message):
         (["--seed", "99999999999999999999"], "error: --seed must be in [0, 4294967295] (a 32-bit seed), got 99999999999999999999"),
         (["--n", "100000000000"], "error: --n 100000000000: at most 100000 samples per problem"),
         (["--n", "100000"], "error: arith: --n 100000 x 500 problems = 50,000,000 completions, more than 10,000,000"),
+        (["--n", "0"], "error: --n must be >= 1 (samples per problem), got 0"),
+        (["--max-new-tokens", "0"], "error: --max-new-tokens must be >= 1 (the completion budget in tokens), got 0"),
+        (["--top-p", "0"], "error: --top-p must be in (0, 1] (1 = off), got 0.0"),
+        (["--limit", "-1"], "error: --limit must be >= 0 (0 = every problem), got -1"),
+        (["--batch-size", "0"], "error: --batch-size must be >= 1 (completions decoded together), got 0"),
     ],
 )
 def test_eval_cli_refuses_bad_values_before_the_model_loads(tiny_model_dir, tmp_path, capsys, monkeypatch, args, message):

@@ -123,8 +123,11 @@ def test_resume_gives_the_same_steps_as_an_uninterrupted_run(tiny_model_dir, tmp
 
 def test_full_fine_tuning_and_plain_template(tiny_plain_model_dir, tmp_path):
     out = tmp_path / "full"
-    invoke(tiny_args(tiny_plain_model_dir, out, 1, "-o", "model.lora.rank=0", "-o", "train.lr=1e-3"))
+    result = invoke(tiny_args(tiny_plain_model_dir, out, 1, "-o", "model.lora.rank=0", "-o", "train.lr=1e-3"))
     assert (out / "checkpoints" / "step-1" / "model" / "model.safetensors").is_file()
+    notes = [line for line in result.output.splitlines() if "no chat template" in line]  # prompt.template=auto fell back
+    assert len(notes) == 1 and "prompt.template=plain or prompt.template=chat" in notes[0]
+    assert json.loads((out / "data_report.json").read_text())["template"] == "plain"
     invoke(["eval", "--model", str(out), "--limit", "3", "--max-new-tokens", "4"])
 
 
@@ -133,9 +136,28 @@ def test_bad_rows_are_skipped_and_reported(tiny_model_dir, tmp_path):
     good = [json.dumps({"problem": f"What is {i} + 1?", "answer": str(i + 1)}) for i in range(6)]
     data.write_text("\n".join(good + ['{"problem": "no answer"}', "not json"]) + "\n")
     out = tmp_path / "run"
-    invoke(tiny_args(tiny_model_dir, out, 1, "--dataset", str(data)))
+    result = invoke(tiny_args(tiny_model_dir, out, 1, "--dataset", str(data)))
     report = json.loads((out / "data_report.json").read_text())
     assert report["used"] == 6 and report["skipped"] == {"unreadable row": 1, "missing answer": 1}
+    assert report["skipped_where"] == {"unreadable row": f"{data}, line 8", "missing answer": f"{data}, line 7"}
+    assert report["template"] == "chat" and "no chat template" not in result.output
+
+
+def test_a_prompt_the_budget_does_not_fit_beside_is_skipped_counted_and_warned_about(tiny_model_dir, tmp_path):
+    """The tiny model's context is 512 tokens (one per character): with rollout.max_new_tokens=200 a prompt of
+    about 460 tokens is under data.max_prompt_tokens=512 but leaves no room for the budget, so it is skipped,
+    counted in data_report.json and on the data: line, and a warning says the prompt limit is clipped to 312."""
+    data = tmp_path / "d.jsonl"
+    rows = [{"id": f"p{i}", "problem": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(3)]
+    data.write_text("\n".join(json.dumps(r) for r in [*rows, {"id": "long", "problem": "9" * 420, "answer": "9"}]) + "\n")
+    out = tmp_path / "run"
+    result = invoke(tiny_args(tiny_model_dir, out, 1, "--dataset", str(data), "-o", "rollout.max_new_tokens=200"))
+    report = json.loads((out / "data_report.json").read_text())
+    assert report["used"] == 3 and report["skipped"] == {"prompt + max_new_tokens over the context": 1}
+    assert report["context_window"] == 512
+    assert "skipped: 1 prompt + max_new_tokens over the context" in result.output
+    assert "data.max_prompt_tokens=512 + rollout.max_new_tokens=200 is past the 512-token context" in result.output
+    assert "prompts are limited to 312 tokens" in result.output
 
 
 def run_cli(*args):

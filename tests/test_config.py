@@ -86,6 +86,35 @@ def test_checks_that_span_sections_are_in_resolve():
         resolve(load_config(overrides=["reward.overlong_buffer=48"]))
 
 
+def test_a_fractional_overlong_buffer_stays_a_fraction_through_config_yaml_and_a_resume(tmp_path):
+    """DAPO's 0.2 is a share of the budget: config.yaml keeps 0.2 (not the 9 tokens it is at 48), the rollout
+    works the tokens out, and a resume with another budget takes 0.2 of that one."""
+    from thinkrl.rollout.collect import RolloutPlan
+
+    cfg = resolve(load_config(overrides=["method.name=dapo"]))
+    assert cfg.reward.overlong_buffer == 0.2 and RolloutPlan.from_config(cfg).overlong_buffer == 9  # int(0.2 * 48)
+    save_config(cfg, tmp_path / "config.yaml")
+    assert yaml.safe_load((tmp_path / "config.yaml").read_text())["reward"]["overlong_buffer"] == 0.2
+    resumed = resolve(load_config(tmp_path / "config.yaml", ["rollout.max_new_tokens=100"]))
+    assert resumed.reward.overlong_buffer == 0.2 and RolloutPlan.from_config(resumed).overlong_buffer == 20
+    assert RolloutPlan.from_config(resolve(load_config(overrides=["reward.overlong_buffer=4"]))).overlong_buffer == 4
+
+
+def test_norm_length_0_is_the_budget_for_the_method_and_stays_0_in_config_yaml(tmp_path):
+    """norm_length 0 means rollout.max_new_tokens: the run's method gets the budget (in a new run too, not only
+    after a resume), config.yaml keeps 0, and a resume with another budget divides by the new one."""
+    from thinkrl.settings import resolve_with_method
+
+    cfg, method = resolve_with_method(load_config(overrides=["method.name=dr_grpo"]))
+    assert method.cfg.norm_length == 48 and cfg.method.params["norm_length"] == 0
+    save_config(cfg, tmp_path / "config.yaml")
+    assert yaml.safe_load((tmp_path / "config.yaml").read_text())["method"]["norm_length"] == 0
+    cfg, method = resolve_with_method(load_config(tmp_path / "config.yaml", ["rollout.max_new_tokens=96"]))
+    assert method.cfg.norm_length == 96 and cfg.method.params["norm_length"] == 0
+    cfg, method = resolve_with_method(load_config(overrides=["method.name=dr_grpo", "method.norm_length=64"]))
+    assert method.cfg.norm_length == 64 == cfg.method.params["norm_length"]  # a length the user set is kept
+
+
 def test_malformed_and_missing_yaml(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("train: [unclosed\n")
@@ -142,3 +171,55 @@ def test_trl_and_verl_names_and_every_bad_key_in_one_message(tmp_path):
     assert "train.steps: expected int, got 'many'" in text and f"{path}:5" in text
     assert "max_completion_length is rollout.max_new_tokens" in text and "(-o rollout.max_completion_length=512)" in text
     assert "gradient_accumulation_steps" in text and "train.mini_batches" in text
+
+
+def test_thinkrl_config_previews_a_file_and_overrides_marking_what_set_each_value(tmp_path):
+    """`thinkrl config FILE -o ...` prints what `thinkrl train FILE -o ...` runs with: defaults < recipe < file < -o,
+    each value the defaults do not give marked with its layer (the file's with its line)."""
+    from typer.testing import CliRunner
+
+    from thinkrl.cli import app
+
+    path = tmp_path / "c.yaml"
+    path.write_text("method: {name: ctpo}\nrollout:\n  group_size: 4\ntrain: {lr: 1.0e-5}\n")
+    result = CliRunner().invoke(app, ["config", str(path), "-o", "train.steps=5", "-o", "train.lr=2e-5"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines[0] == f"# the config `thinkrl train {path} -o train.steps=5 -o train.lr=2e-5` runs with; set a key with -o KEY=VALUE"
+    shown = {line.split(" = ")[0]: line.split("    ")[0] for line in lines if " = " in line and not line.startswith("#")}
+    assert shown["method.name"] == f"method.name = 'ctpo'  ({path}:1)"
+    assert shown["rollout.group_size"] == f"rollout.group_size = 4  ({path}:3)"  # the file over the recipe's 16
+    assert shown["train.mini_batches"] == "train.mini_batches = 4  (recipe)"
+    assert shown["train.lr"] == "train.lr = 2e-05  (-o)" and shown["train.steps"] == "train.steps = 5  (-o)"  # -o over the file
+    assert shown["train.seed"] == "train.seed = 0" and shown["output_dir"] == "output_dir = None"  # defaults: unmarked
+    assert shown["seeds.enabled"] == "seeds.enabled = False"  # resolved as the run resolves it (the default is None)
+    flags = CliRunner().invoke(app, ["config", "--config", str(path), "--method", "grpo", "-o", "model.lora={rank: 8}"])
+    marks = {line.split(" = ")[0]: line.split("    ")[0] for line in flags.output.splitlines() if " = " in line}
+    assert flags.exit_code == 0 and marks["method.name"] == "method.name = 'grpo'  (--method)"  # the flag over the file
+    assert marks["model.lora.rank"] == "model.lora.rank = 8  (-o)" and marks["model.lora.alpha"] == "model.lora.alpha = 32.0"
+
+
+def test_thinkrl_config_makes_the_checks_a_run_makes():
+    from typer.testing import CliRunner
+
+    from thinkrl.cli import app
+
+    result = CliRunner().invoke(app, ["config", "-o", "train.mini_batches=100"])
+    assert isinstance(result.exception, UserError) and "train.mini_batches=100 exceeds the 16 completions per step" in str(result.exception)
+
+
+def test_train_takes_its_config_as_CONFIG_or_as_dash_dash_config(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    import thinkrl.train
+    from thinkrl.cli import app
+    from thinkrl.config.load import to_dict
+
+    runs = []
+    monkeypatch.setattr(thinkrl.train, "train", lambda cfg, **options: runs.append(cfg))
+    path = tmp_path / "c.yaml"
+    path.write_text("train: {lr: 1.0e-5, steps: 3}\n")
+    for how in ([str(path)], ["--config", str(path)]):
+        result = CliRunner().invoke(app, ["train", *how, "-o", "train.steps=4", "--output-dir", str(tmp_path / "run")])
+        assert result.exit_code == 0, result.output
+    assert runs[0].train.lr == 1e-5 and runs[0].train.steps == 4 and to_dict(runs[1]) == to_dict(runs[0])

@@ -148,13 +148,28 @@ def test_onednn_blocks_and_autograd_run_through_the_cache_with_the_same_numbers(
     assert "OK" in out
 
 
-def test_switched_off_or_unbuildable_the_cache_is_skipped(tmp_path, monkeypatch):
+def test_switched_off_or_unbuildable_the_cache_is_skipped(tmp_path, monkeypatch, capsys):
     assert "None" in run("allocator.tune(); print(allocator.cache_stats())", THINKRL_CPU_CACHE="0")
     monkeypatch.setattr(allocator, "_cache", [])
+    monkeypatch.setattr(native, "_told_no_compiler", [])  # said once per process: maybe said already in this one
     monkeypatch.setenv("THINKRL_CACHE", str(tmp_path))
     monkeypatch.setenv("CXX", str(tmp_path / "no-such-cxx"))
-    with pytest.warns(UserWarning, match="CPU block cache is unavailable.*no-such-cxx.*THINKRL_CPU_CACHE=0"):
-        allocator._start_cache()
+    allocator._start_cache()
+    err = capsys.readouterr().err
+    assert err.startswith("warning: ") and err.count("\n") == 1, err
+    assert all(part in err for part in ("CPU block cache is unavailable", "no-such-cxx", "THINKRL_CPU_CACHE=0")), err
     assert allocator._cache == [None] and allocator.cache_stats() is None
     assert not list(tmp_path.rglob("*.so"))
     assert native.compiler("CXX", "c++") == str(tmp_path / "no-such-cxx")
+
+
+def test_without_a_compiler_one_line_says_what_is_slower_and_how_to_get_one(tmp_path):
+    """Both native helpers fail to build: one line on stderr for the process, no Python warning with its source line."""
+    code = "import torch\nfrom thinkrl.accel import allocator, decode_kernel\nallocator.tune()\nprint(decode_kernel.load())"
+    env = {**os.environ, "THINKRL_CACHE": str(tmp_path), "CC": str(tmp_path / "no-cc"), "CXX": str(tmp_path / "no-cxx")}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip() == "None", proc.stderr[-3000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("warning: thinkrl: no C/C++ compiler"), proc.stderr
+    assert "CPU block cache is unavailable" in lines[0] and "run slower" in lines[0] and "apt install build-essential" in lines[0]
+    assert "Warning:" not in proc.stderr and "native.build(" not in proc.stderr

@@ -142,6 +142,58 @@ def test_duplicate_ids_refuse_eval_and_training_in_one_line(tmp_path, capsys, ti
     assert code == 2 and "id 'q' at line 2" in error_line(err)
 
 
+# ---------------------------------------------------------------- malformed rows: where they are
+
+
+def test_malformed_lines_are_named_by_file_and_line_the_first_few_then_a_count(tmp_path):
+    """A JSONL file with broken lines trains on the rest; the skip report says which file and which lines, the
+    first five and then how many more, so they can be fixed (lines count from 1, blank ones included)."""
+    lines = [json.dumps({"problem": f"{i} + 1?", "answer": str(i + 1)}) for i in range(3)]
+    lines += ['{"problem": "cut off', "", "[1, 2]", "not json", "{", "'single'", "nul\x00", "}", json.dumps({"problem": "x"})]
+    path = tmp_path / "d.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    loaded = load_problems(DataConfig(name=str(path)))
+    assert loaded.skipped == {"unreadable row": 7, "missing answer": 1} and len(loaded.problems) == 3
+    assert loaded.where == {"unreadable row": f"{path}, lines 4, 6, 7, 8, 9 and 2 more", "missing answer": f"{path}, line 12"}
+    items = tmp_path / "d.json"
+    items.write_text(json.dumps([{"problem": "1 + 1?", "answer": "2"}, 7]))
+    assert load_problems(DataConfig(name=str(items))).where == {"unreadable row": f"{items}, item 1"}
+
+
+def test_training_reports_the_lines_it_skipped_on_the_console_and_in_data_report(tmp_path, tiny_model_dir):
+    from typer.testing import CliRunner
+
+    from thinkrl.cli import app
+
+    rows = [json.dumps({"problem": f"What is {i} + 1?", "answer": str(i + 1)}) for i in range(4)]
+    data = tmp_path / "d.jsonl"
+    data.write_text("\n".join([*rows[:2], "not json", *rows[2:], "{oops"]) + "\n")
+    result = CliRunner().invoke(app, tiny_args(tiny_model_dir, tmp_path / "run", 1, "--dataset", str(data)), catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "run" / "data_report.json").read_text())
+    assert report["skipped"] == {"unreadable row": 2} and report["skipped_where"] == {"unreadable row": f"{data}, lines 3, 6"}
+    line = next(t for t in result.output.splitlines() if t.startswith("data: "))
+    assert line.endswith(f"4 prompts, skipped: 2 unreadable row ({data}, lines 3, 6)"), line
+
+
+def test_training_on_a_benchmark_copy_with_another_row_count_warns_and_records_file_and_hash(tmp_path, tiny_model_dir, monkeypatch):
+    import hashlib
+
+    from typer.testing import CliRunner
+
+    from thinkrl.cli import app
+
+    copy = tmp_path / "aime24.jsonl"
+    copy.write_text("".join(json.dumps({"problem": f"What is {i} + 1?", "answer": str(i + 1)}) + "\n" for i in range(2)))
+    monkeypatch.setenv("THINKRL_DATA_DIR", str(tmp_path))
+    result = CliRunner().invoke(app, tiny_args(tiny_model_dir, tmp_path / "run", 1, "--dataset", "aime24"), catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    warned = [t for t in result.output.splitlines() if t.startswith("warning: aime24: ")]
+    assert len(warned) == 1 and f"{copy} has 2 rows" in warned[0], result.output
+    report = json.loads((tmp_path / "run" / "data_report.json").read_text())
+    assert (report["source"], report["sha256"]) == (str(copy.resolve()), hashlib.sha256(copy.read_bytes()).hexdigest())
+
+
 # ---------------------------------------------------------------- byte-order marks
 
 

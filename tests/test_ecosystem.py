@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import json
+import shutil
+
 import pytest
 import torch
 from test_cli_e2e import invoke, tiny_args
 from typer.testing import CliRunner
 
 from thinkrl.cli import app
+from thinkrl.errors import UserError
 from thinkrl.run.jsonl import read_jsonl
 from thinkrl.run.plot import smooth
 from thinkrl.run.readers import compare_rows, load_runs
@@ -120,6 +124,36 @@ def test_export_loads_in_transformers_and_matches_the_runs_policy(two_runs, tmp_
         torch.testing.assert_close(b, a, atol=1e-4, rtol=0)
         greedy = dict(max_new_tokens=8, do_sample=False, pad_token_id=tok.pad_token_id)
         assert torch.equal(exported.generate(ids, **greedy), reference.generate(input_ids=ids, **greedy))
+
+
+@pytest.mark.parametrize("out", ["file", "file/sub"])
+def test_export_to_a_file_is_one_line_naming_it(two_runs, tmp_path, out):
+    (tmp_path / "file").write_text("keep me")
+    result = CliRunner().invoke(app, ["export", str(two_runs[0]), "--out", str(tmp_path / out)])
+    assert isinstance(result.exception, UserError), result.exception  # the CLI prints it as one line, exit 2
+    where = "it" if out == "file" else tmp_path / "file"
+    fix = "name a new directory (the export writes several files into it)"
+    assert str(result.exception) == f"--out {tmp_path / out}: {where} is a file; {fix}"
+    assert (tmp_path / "file").read_text() == "keep me"
+
+
+def test_an_export_of_the_bundled_alias_names_its_hub_id(tiny_model_dir, tmp_path, monkeypatch):
+    """A run on smollm2-135m trains from a converted copy in the cache; its adapter names the hub id, which loads anywhere."""
+    monkeypatch.setenv("THINKRL_CACHE", str(tmp_path / "cache"))
+    shutil.copytree(tiny_model_dir, tmp_path / "cache" / "models" / "smollm2-135m")  # stands in for the converted GGUF
+    invoke(tiny_args("smollm2-135m", tmp_path / "run", 1))
+    trained = json.loads((tmp_path / "run" / "checkpoints" / "step-1" / "adapter" / "adapter_config.json").read_text())
+    assert trained["base_model_name_or_path"] == str(tmp_path / "cache" / "models" / "smollm2-135m")  # what peft recorded
+    result = CliRunner().invoke(app, ["export", str(tmp_path / "run"), "--out", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    exported = json.loads((tmp_path / "out" / "adapter_config.json").read_text())
+    assert exported == {**trained, "base_model_name_or_path": "HuggingFaceTB/SmolLM2-135M-Instruct"}
+
+
+def test_show_refuses_negative_counts(tmp_path):
+    for flag in ("--groups", "--max-chars"):
+        result = CliRunner().invoke(app, ["show", str(tmp_path), flag, "-1"])
+        assert isinstance(result.exception, UserError) and str(result.exception).startswith(f"{flag} must be >= 0 (0 = "), result.output
 
 
 def test_export_refuses_a_non_empty_target(two_runs, tmp_path):

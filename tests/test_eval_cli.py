@@ -1,5 +1,6 @@
 """`thinkrl eval` on the tiny model: presets, outputs, resume without regeneration, settings checks."""
 
+import hashlib
 import json
 
 import pytest
@@ -170,3 +171,40 @@ def test_local_alias_copies_via_thinkrl_data_dir(tiny_model_dir, tmp_path, monke
     out = tmp_path / "out"
     invoke("--model", str(tiny_model_dir), "--dataset", "aime24", "--max-new-tokens", "4", "--output", str(out))
     assert json.loads((out / "summary.json").read_text())["problems"] == 1
+
+
+def test_a_shipped_benchmark_needs_no_hub_and_is_recorded_by_file_and_hash(tiny_model_dir, tmp_path, monkeypatch):
+    from thinkrl.data import sources
+    from thinkrl.data.benchmarks import HERE
+
+    for key in ("THINKRL_DATA_DIR", "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setattr(sources, "read_hub", lambda *a, **k: pytest.fail("asked the hub for aime24"))
+    out = tmp_path / "out"
+    result = invoke("--model", str(tiny_model_dir), "--dataset", "aime24", "--limit", "2", "--max-new-tokens", "4", "--output", str(out))
+    settings = json.loads((out / "settings.json").read_text())
+    assert (settings["dataset"], settings["dataset_source"]) == ("aime24", "package:aime24") and "its numbers" not in result.output
+    assert settings["dataset_sha256"] == hashlib.sha256((HERE / "aime24.jsonl").read_bytes()).hexdigest()
+    assert json.loads((out / "summary.json").read_text())["settings"]["dataset_sha256"] == settings["dataset_sha256"]
+
+
+def test_a_data_dir_copy_with_another_row_count_than_the_benchmark_warns_in_one_line(tiny_model_dir, tmp_path, monkeypatch):
+    copy = tmp_path / "aime24.jsonl"
+    copy.write_text("".join(json.dumps({"id": f"x{i}", "problem": f"What is {i} + 1?", "answer": str(i + 1)}) + "\n" for i in range(2)))
+    monkeypatch.setenv("THINKRL_DATA_DIR", str(tmp_path))
+    out = tmp_path / "out"
+    result = invoke("--model", str(tiny_model_dir), "--dataset", "aime24", "--max-new-tokens", "4", "--output", str(out))
+    lines = [line for line in result.output.splitlines() if "aime24 has 30 problems" in line]
+    assert len(lines) == 1 and lines[0].startswith("warning: aime24: ") and f"{copy} has 2 rows" in lines[0], result.output
+    settings = json.loads((out / "settings.json").read_text())
+    assert (settings["dataset"], settings["dataset_source"]) == ("aime24", str(copy.resolve()))
+    assert settings["dataset_sha256"] == hashlib.sha256(copy.read_bytes()).hexdigest()
+
+
+def test_resume_with_a_changed_dataset_file_is_refused(tiny_model_dir, aime_like, tmp_path):
+    out = tmp_path / "out"
+    base = ["--model", str(tiny_model_dir), "--dataset", str(aime_like), "--limit", "2", "--max-new-tokens", "4", "--output", str(out)]
+    invoke(*base)
+    aime_like.write_text(aime_like.read_text().replace('"answer": "002"', '"answer": "3"'))  # same name, other data
+    with pytest.raises(UserError, match=r"holds samples of .*aime_like.jsonl \(sha256 [0-9a-f]{12}\), but .* now reads .*other data"):
+        CliRunner().invoke(app, ["eval", *base], catch_exceptions=False)

@@ -66,7 +66,8 @@ ALLOWED: dict[str, set[str]] = {
         "setup",
         "verifier",
     },
-    "cli": {"config", "errors", "evaluation", "methods", "probe", "run", "settings", "study", "train"},
+    "preview": {"config", "errors", "methods", "settings"},  # thinkrl config: a train command's config, before it runs
+    "cli": {"config", "errors", "evaluation", "methods", "preview", "probe", "run", "settings", "study", "train"},
     "__main__": {"cli"},
     "__init__": set(),
 }

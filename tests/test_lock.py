@@ -186,6 +186,18 @@ cli.run()
 """
 
 
+def test_eval_takes_its_output_lock_before_the_model_loads(tmp_path, monkeypatch, capsys):
+    from thinkrl.evaluation import evaluate as evaluate_mod
+
+    data, out = tmp_path / "data.jsonl", tmp_path / "out"
+    data.write_text(json.dumps({"id": "p", "problem": "What is 1 + 1?", "answer": "2"}) + "\n")
+    monkeypatch.setattr(evaluate_mod, "load_for_eval", lambda *a: pytest.fail("the model loaded while another evaluation held the output"))
+    with DirLock(out, "evaluation"):
+        code, err = run_cli(["eval", "--model", tmp_path / "a-model", "--dataset", data, "--output", out], capsys)
+    line = error_line(err)
+    assert code == 2 and f"{out} is in use by another evaluation (PID {os.getpid()}" in line, line
+
+
 def test_two_evals_into_one_output_the_second_fails_then_takes_over(tiny_model_dir, tmp_path, capsys):
     data, out = tmp_path / "data.jsonl", tmp_path / "out"
     data.write_text("".join(json.dumps({"id": f"p{i}", "problem": f"Find {i} + {i}.", "answer": str(2 * i)}) + "\n" for i in range(4)))

@@ -13,6 +13,8 @@ from thinkrl.config import CorrectionConfig
 from thinkrl.learner.correction import mismatch_stats, weights
 from thinkrl.rollout.collect import overlong_penalty
 from thinkrl.run.jsonl import read_jsonl
+from thinkrl.run.plot import plot_runs
+from thinkrl.run.readers import compare_rows, load_runs
 
 MASK = torch.tensor([[1, 1, 1], [1, 1, 0]]).bool()
 
@@ -85,6 +87,26 @@ def test_dynamic_sampling_keeps_only_groups_with_signal(tiny_model_dir, tmp_path
     assert sum(m["sampling/dropped_groups"] for m in metrics) > 0
     rollouts = read_jsonl(out / "rollouts.jsonl")
     assert rollouts and all(int(r["answer"]) % 2 == 1 for r in rollouts)  # even-answer groups never trained on
+
+
+def test_a_step_whose_dynamic_sampling_keeps_no_group_says_so_and_logs_no_zeros(tiny_model_dir, tmp_path):
+    """Before: the step line and metrics.jsonl showed loss, entropy, length and zero-std 0, like a step that trained."""
+    out = tmp_path / "run"
+    extra = ("-o", "rollout.dynamic_sampling=true", "-o", "rollout.max_sampling_rounds=2", "-o", "verifier.grader=helpers:shaped_grade")
+    result = CliRunner().invoke(app, tiny_args(tiny_model_dir, out, 2, *extra), catch_exceptions=False)  # every score 1.0
+    assert result.exit_code == 0, result.output
+    lines = [x.strip() for x in result.output.splitlines() if x.strip().startswith("step ")]
+    assert [x.split("  gen ")[0] for x in lines] == [
+        f"step    {s}/2  nothing trained: no group had a reward spread after 2 sampling round(s) (4 groups dropped)" for s in (1, 2)
+    ]
+    metrics = read_jsonl(out / "metrics.jsonl")
+    unmeasured = ("loss", "entropy", "grad_norm", "reward/mean", "reward/shaped_mean", "length/mean", "length/max", "frac_reward_zero_std")
+    for m in metrics:
+        assert (m["sampling/kept_groups"], m["sampling/dropped_groups"], m["sampling/rounds"]) == (0, 4, 2)
+        assert {k: m[k] for k in unmeasured} == dict.fromkeys(unmeasured, "nan")  # JSON's spelling of NaN: never 0
+    runs = load_runs([out])  # what reads metrics.jsonl skips them: plot and compare still work
+    assert runs[0].series("entropy") == ([], []) and compare_rows(runs, 5)[1][0] == ["steps", "2"]
+    assert plot_runs(runs, tmp_path / "curves.png").stat().st_size > 0
 
 
 def test_mask_truncated_and_overlong_and_correction_run_end_to_end(tiny_model_dir, tmp_path):

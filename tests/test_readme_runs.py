@@ -33,6 +33,7 @@ RUN_HERE = {
     "train --plugins examples/custom_method --method vanilla_pg": f"train --plugins examples/custom_method --method vanilla_pg "
     f"--output-dir runs/b {SHORT}",
     "config --method ctpo": "config --method ctpo",
+    "config my_run.yaml": "config my_run.yaml",  # the README's own my_run.yaml (a hub model: previewed, never loaded)
     "methods grpo": "methods grpo",
     "eval --model runs/try": "eval --model runs/try --limit 3 --max-new-tokens 16",
     "plot runs/a runs/b --out fig.png --smooth 5": "plot runs/a runs/b --out fig.png --smooth 5",
@@ -88,6 +89,8 @@ def test_every_readme_command_is_run_here_or_says_why_not():
 def test_the_readme_commands_on_the_bundled_model_run(tmp_path):
     for name in ("configs", "examples"):
         (tmp_path / name).symlink_to(ROOT / name)
+    block = (ROOT / "README.md").read_text().split("# my_run.yaml")[1].split("```")[0]
+    (tmp_path / "my_run.yaml").write_text(block.split("\n", 1)[1])
     outputs = {}
     for line, shortened in RUN_HERE.items():
         if "runs/try" in line:  # the README's name for any run: the one trained above
@@ -97,6 +100,7 @@ def test_the_readme_commands_on_the_bundled_model_run(tmp_path):
     assert steps(tmp_path / "runs" / "a") == steps(tmp_path / "runs" / "b") == [1, 2]
     assert "vanilla_pg" in (tmp_path / "runs" / "b" / "config.yaml").read_text()
     assert "method.name = 'ctpo'" in outputs["config --method ctpo"]
+    assert "model.name = 'Qwen/Qwen2.5-Math-1.5B'  (my_run.yaml:" in outputs["config my_run.yaml"]
     assert outputs["methods grpo"].startswith("GRPO")
     summary = json.loads((tmp_path / "runs" / "try" / "eval" / "step-2" / "arith" / "summary.json").read_text())
     assert summary["problems"] == 3

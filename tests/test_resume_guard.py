@@ -10,6 +10,7 @@
 """
 
 import os
+import shlex
 import shutil
 from pathlib import Path
 
@@ -19,8 +20,9 @@ from test_atomic_writes import config_for, fail_after_half
 from test_cli_e2e import invoke, tiny_args
 from test_faults import COMPARED, error_line, run_cli
 
+from thinkrl.config.load import all_keys
 from thinkrl.errors import UserError
-from thinkrl.run import intact, resume
+from thinkrl.run import faults, intact, resume
 from thinkrl.run.jsonl import read_jsonl
 from thinkrl.settings import save_config
 
@@ -67,6 +69,26 @@ def changes(run: Path) -> list[dict]:
         (["-o", "model.lora.alpha=8"], "model.lora.alpha 32.0 -> 8.0"),
         (["-o", "model.lora.target_modules=[q_proj]"], 'model.lora.target_modules ["all-linear"] -> ["q_proj"]'),
         (["-o", "train.seed=1"], "train.seed 0 -> 1"),
+        # what the run optimises and the distribution it samples from
+        (["-o", "verifier.grader=thinkrl.verifier:grade"], "verifier.grader 'helpers:length_reward' -> 'thinkrl.verifier:grade'"),
+        (["-o", "reward.functions=[{name: correct, function: verifier, weight: 2.0}]"], 'reward.functions [{"name": "correct"'),
+        (["-o", "reward.overlong_buffer=4"], "reward.overlong_buffer 0 -> 4"),
+        (["-o", "reward.overlong_penalty=0.5"], "reward.overlong_penalty 1.0 -> 0.5"),
+        (["-o", "rollout.temperature=0.7"], "rollout.temperature 1.0 -> 0.7"),
+        (["-o", "rollout.top_p=0.9"], "rollout.top_p 1.0 -> 0.9"),
+        (["-o", "rollout.top_k=5"], "rollout.top_k 0 -> 5"),
+        (["-o", "rollout.max_new_tokens=16"], "rollout.max_new_tokens 8 -> 16"),
+        (["-o", "rollout.min_new_tokens=2"], "rollout.min_new_tokens 0 -> 2"),
+        (["-o", "rollout.mask_truncated=true"], "rollout.mask_truncated False -> True"),
+        (["-o", "rollout.dynamic_sampling=true"], "rollout.dynamic_sampling False -> True"),
+        (["-o", "correction.mode=tis"], "correction.mode 'none' -> 'tis'"),
+        (["-o", "correction.c_max=3.0"], "correction.c_max 2.0 -> 3.0"),
+        (["-o", "advantage.estimator=rloo"], "advantage.estimator 'auto' -> 'rloo'"),
+        (["-o", "method.beta=0.04"], "method.beta 0.0 -> 0.04"),
+        (["-o", "train.entropy_coef=0.01"], "train.entropy_coef 0.0 -> 0.01"),
+        (["-o", "train.epochs=2"], "train.epochs 1 -> 2"),
+        (["-o", "rollout.staleness=1"], "rollout.staleness 0 -> 1"),
+        (["-o", "seeds.per_group=1"], "seeds.per_group 2 -> 1"),
     ],
 )
 def test_a_resume_that_changes_what_makes_the_run_is_refused_in_one_line(run, capsys, args, shown):
@@ -85,8 +107,9 @@ def test_refused_and_failed_resumes_leave_config_yaml_and_a_plain_resume_works(r
         (["--model", "smollm2-135m"], "model.name"),
         (["-o", "model.lora.rank=8"], "model.lora.rank 16 -> 8"),
         (["-o", "model.lora.rank=8", "--allow-changes"], "checkpoints/step-2 does not fit this run (RuntimeError: size mismatch"),
-        (["-o", "verifier.grader=nope:nope"], "verifier.grader='nope:nope' could not be loaded"),
-        (["-o", "verifier.grader=helpers:no_such_grader"], "verifier.grader='helpers:no_such_grader' could not be loaded"),
+        (["-o", "verifier.grader=nope:nope"], "verifier.grader 'helpers:length_reward' -> 'nope:nope'"),
+        (["-o", "verifier.grader=nope:nope", "--allow-changes"], "verifier.grader='nope:nope' could not be loaded"),
+        (["-o", "verifier.grader=helpers:nothing", "--allow-changes"], "verifier.grader='helpers:nothing' could not be loaded"),
     ]
     for args, part in attempts:
         code, err = run_cli(["train", "--resume", run, "-o", "train.steps=3", *args], capsys)
@@ -95,8 +118,15 @@ def test_refused_and_failed_resumes_leave_config_yaml_and_a_plain_resume_works(r
         assert (run / "config.yaml").read_bytes() == config, args  # never rewritten with settings that failed
     # what is meant to change on resume needs no flag; the change and its step are recorded
     allowed = ["train.steps=3", "train.lr=0.02", "train.keep_last=3", "verifier.workers=2"]
-    invoke(["train", "--resume", str(run), *(a for o in allowed for a in ("-o", o))])
+    result = invoke(["train", "--resume", str(run), *(a for o in allowed for a in ("-o", o))])
     assert steps(run) == [1, 2, 3]
+    printed = [line for line in result.output.splitlines() if line.startswith("resume: ")]  # each change once, on the console
+    assert printed == [
+        "resume: changed verifier.workers 1 -> 2",
+        "resume: changed train.steps 2 -> 3",
+        "resume: changed train.lr 0.05 -> 0.02",
+        "resume: changed train.keep_last 2 -> 3",
+    ], result.output
     saved = yaml.safe_load((run / "config.yaml").read_text())
     assert saved["train"]["steps"] == 3 and saved["train"]["lr"] == 0.02 and saved["verifier"]["workers"] == 2
     [entry] = changes(run)
@@ -105,13 +135,22 @@ def test_refused_and_failed_resumes_leave_config_yaml_and_a_plain_resume_works(r
 
 
 def test_allow_changes_continues_and_records_the_change_and_its_step(run):
-    invoke(["train", "--resume", str(run), "-o", "train.steps=3", "-o", "rollout.group_size=2", "--allow-changes"])
+    args = ["-o", "train.steps=3", "-o", "rollout.group_size=2", "-o", "rollout.temperature=0.7", "--allow-changes"]
+    result = invoke(["train", "--resume", str(run), *args])
     assert steps(run) == [1, 2, 3]
-    assert yaml.safe_load((run / "config.yaml").read_text())["rollout"]["group_size"] == 2
+    saved = yaml.safe_load((run / "config.yaml").read_text())
+    assert saved["rollout"]["group_size"] == 2 and saved["rollout"]["temperature"] == 0.7
     assert len([r for r in read_jsonl(run / "rollouts.jsonl") if r["step"] == 3]) == 2 * 2  # the new group size took effect
     [entry] = changes(run)
-    assert entry["step"] == 2 and entry["changed"] == {"rollout.group_size": [4, 2], "train.steps": [2, 3]}
-    assert entry["allowed"] == ["rollout.group_size"]
+    assert entry["step"] == 2
+    assert entry["changed"] == {"rollout.group_size": [4, 2], "rollout.temperature": [1.0, 0.7], "train.steps": [2, 3]}
+    assert entry["allowed"] == ["rollout.group_size", "rollout.temperature"]
+    printed = [line for line in result.output.splitlines() if line.startswith("resume: ")]  # once each, said to be allowed
+    assert printed == [
+        "resume: changed rollout.group_size 4 -> 2 (allowed)",
+        "resume: changed rollout.temperature 1.0 -> 0.7 (allowed)",
+        "resume: changed train.steps 2 -> 3",
+    ], result.output
     invoke(["train", "--resume", str(run), "-o", "train.steps=4"])  # config.yaml holds the change: no flag needed again
     assert steps(run) == [1, 2, 3, 4] and [e["step"] for e in changes(run)] == [2, 3]
 
@@ -145,6 +184,22 @@ def test_changes_are_compared_with_the_settings_of_the_checkpoint_resumed(tmp_pa
         resume.check(tmp_path, eight, False, 2)  # step-2 was made with 4
     resume.record(tmp_path, 2, four)
     assert changes(tmp_path) == []  # the step-4 change is gone with the steps after step 2
+
+
+def test_every_config_key_is_classified_as_guarded_or_harmless():
+    """A new config key fails here until it is put in resume.GUARDED (a resume changes it only with
+    --allow-changes) or resume.HARMLESS (a resume changes it freely): a decision, never a default."""
+    keys = (set(all_keys()) - {"method"}) | {"method.name", "method.recipe"}
+    assert not resume.GUARDED & resume.HARMLESS and not (resume.GUARDED | resume.HARMLESS) & resume.IGNORED
+    assert sorted(keys - (resume.GUARDED | resume.HARMLESS | resume.IGNORED)) == []  # unclassified
+    assert sorted((resume.GUARDED | resume.HARMLESS | resume.IGNORED) - keys) == []  # no longer config keys
+    objective = ["verifier.grader", "reward.functions", "reward.overlong_buffer", "rollout.temperature", "rollout.top_p",
+                 "rollout.top_k", "rollout.max_new_tokens", "rollout.min_new_tokens", "rollout.mask_truncated",
+                 "rollout.dynamic_sampling", "correction.mode", "correction.c_max", "advantage.estimator"]  # fmt: skip
+    assert all(resume.makes_the_run(k) for k in objective)
+    assert resume.makes_the_run("method.beta") and resume.makes_the_run("method.clip_low")  # a method's own parameters
+    assert resume.makes_the_run("rollout.a_key_not_classified_yet")  # guarded until decided
+    assert not any(resume.makes_the_run(k) for k in ("train.steps", "train.lr", "verifier.workers", "log.project", "eval.every"))
 
 
 # --- 2. a full disk during a resume (atomic writes themselves: test_atomic_writes.py)
@@ -213,6 +268,54 @@ def test_resume_skips_a_damaged_newest_checkpoint_and_cuts_the_metrics_back(run,
     assert intact.verify(run / "checkpoints" / "step-2") is None
 
 
+# --- 4. the resume command, as printed: shell-quoted, so a path with a space or a quote pastes as it is
+
+
+def pasted(text: str, after: str) -> list[str]:
+    """The words a shell makes of the command printed after `after` (the rest of that line)."""
+    return shlex.split(text.split(after, 1)[1].splitlines()[0])
+
+
+@pytest.fixture
+def spaced_run(base_run, tmp_path) -> Path:
+    out = tmp_path / "my run's dir"
+    shutil.copytree(base_run, out)
+    return out
+
+
+def test_the_resume_command_printed_on_a_stop_or_a_failure_pastes_into_a_shell(spaced_run, monkeypatch, capsys):
+    class Stopped:  # as after a Ctrl-C during the first step
+        stop = True
+
+        def restore(self) -> None:
+            pass
+
+    monkeypatch.setattr(faults, "StopFlag", Stopped)
+    result = invoke(["train", "--resume", str(spaced_run), "-o", "train.steps=4"])
+    assert pasted(result.output, "continue with: ") == ["thinkrl", "train", "--resume", str(spaced_run)], result.output
+    assert steps(spaced_run) == [1, 2, 3]
+    monkeypatch.undo()
+    fail_after_half(monkeypatch, "config.yaml")
+    code, err = run_cli(["train", "--resume", spaced_run, "-o", "train.steps=4"], capsys)
+    line = error_line(err)
+    assert code == 2 and pasted(line, "continue with: ") == ["thinkrl", "train", "--resume", str(spaced_run)], line
+
+
+def test_the_resume_commands_of_fault_messages_and_hints_paste_into_a_shell(spaced_run, tiny_model_dir, capsys):
+    cfg = config_for(spaced_run)
+    line = faults.nonfinite_message(cfg, 3, 2, spaced_run, "float32")
+    assert pasted(line, "Continue with: ") == ["thinkrl", "train", "--resume", str(spaced_run), "-o", f"train.lr={cfg.train.lr / 10:g}"]
+    line = faults.out_of_memory_message(cfg, 3, "update", spaced_run)
+    assert pasted(line, "Continue with a smaller one: ")[:4] == ["thinkrl", "train", "--resume", str(spaced_run)], line
+    # a smaller completion budget changes what is sampled: the command says --allow-changes, so it is not refused
+    cfg.train.micro_batch_tokens, cfg.train.micro_batch_size = 0, 1
+    line = faults.out_of_memory_message(cfg, 3, "update", spaced_run)
+    assert pasted(line, "Continue with a smaller one: ")[3:] == [str(spaced_run), "-o", "rollout.max_new_tokens=24", "--allow-changes"]
+    code, err = run_cli(tiny_args(tiny_model_dir, spaced_run, 1), capsys)  # a new run into it: the hint names the resume
+    line = error_line(err)
+    assert code == 2 and pasted(line, "continue it with ")[:2] == ["--resume", str(spaced_run)], line
+
+
 # --- 5. --output-dir of a new run
 
 
@@ -240,6 +343,31 @@ def test_a_new_run_refuses_an_existing_run_even_before_its_first_step(run, tiny_
         line = error_line(err)
         assert code == 2 and line == f"error: {run} already holds a run; continue it with --resume {run} or pick a new --output-dir", line
         assert (run / "config.yaml").read_bytes() == config
+
+
+def test_a_run_that_fails_before_its_first_step_leaves_the_directory_to_the_same_command(tiny_model_dir, tmp_path, capsys):
+    """Before: a NaN reward stopped the run but left config.yaml, so the same command was refused (already holds a run)."""
+    out = tmp_path / "run"
+    nan = "{name: nan, function: helpers:failing_reward, weight: 1, options: {how: nan}}"
+    args = tiny_args(tiny_model_dir, out, 1, "-o", f"reward.functions=[{{name: correct, function: verifier, weight: 1}}, {nan}]")
+    for _ in range(2):  # the same command twice: the same error, never "already holds a run"
+        code, err = run_cli(args, capsys)
+        line = error_line(err)
+        assert code == 2 and line.startswith("error: reward.functions nan (helpers:failing_reward) returned nan, not a finite"), line
+        assert [p.name for p in out.iterdir() if p.name != ".lock"] == [] and not resume.is_run_dir(out)
+
+
+@pytest.mark.parametrize("made", ["metrics.jsonl", "checkpoints", "a resume", "an error whose fix is --resume"])
+def test_a_failed_start_removes_nothing_of_a_run_that_logged_a_step_or_was_resumed(tmp_path, made):
+    for name in ("config.yaml", "data_report.json"):
+        (tmp_path / name).write_text("{}")
+    if made in ("metrics.jsonl", "checkpoints"):
+        (tmp_path / made).mkdir() if made == "checkpoints" else (tmp_path / made).write_text("")
+    error = UserError(f"step 1: out of GPU memory ...; continue with: thinkrl train --resume {tmp_path}" if made.startswith("an") else "x")
+    assert resume.forget_failed_start(tmp_path, made != "a resume")(UserError, error, None) is False
+    assert (tmp_path / "config.yaml").exists() and (tmp_path / "data_report.json").exists()
+    resume.forget_failed_start(tmp_path, True)(None, None, None)  # a run that ended well keeps everything
+    assert (tmp_path / "config.yaml").exists()
 
 
 def test_an_empty_directory_or_what_a_failed_start_left_is_fine(tmp_path):

@@ -1,9 +1,12 @@
 """reward.functions: the built-in rewards, several functions per sample in the verifier's workers, their
 limits and errors, the config forms, and tiny end-to-end runs (reward/<name>, the weighted sum, the default)."""
 
+import math
+
 import pytest
 import yaml
 from test_cli_e2e import invoke, tiny_args
+from test_faults import error_line, run_cli
 
 from thinkrl.config.rollout import RewardFunction, default_reward_functions
 from thinkrl.errors import UserError
@@ -106,7 +109,8 @@ def test_reward_set_weighs_the_values_and_names_the_means(pool):
     assert parts == [[1.0, 1.0, -0.9], [0.0, 1.0, -0.9], [0.0, 0.0, -0.2]]
     assert rs.totals(parts) == pytest.approx([2.0 + 0.5 - 0.225, 0.5 - 0.225, -0.05])
     assert rs.means(parts) == pytest.approx({"reward/correct": 1 / 3, "reward/boxed": 2 / 3, "reward/short": -2.0 / 3})
-    assert rs.means([]) == {"reward/correct": 0.0, "reward/boxed": 0.0, "reward/short": 0.0}
+    nothing = rs.means([])  # a step that kept no group has no mean: NaN, never a 0 that reads as one
+    assert list(nothing) == ["reward/correct", "reward/boxed", "reward/short"] and all(math.isnan(v) for v in nothing.values())
 
 
 def test_the_default_is_the_verifier_alone_and_logs_nothing_new(pool):
@@ -137,6 +141,58 @@ def test_a_value_that_is_not_a_finite_number_is_a_one_line_error(pool, text, sho
         rs.evaluate(pool, ["fine", text], ["1", "1"])
     assert str(e.value) == f"reward.functions odd (helpers:odd_reward) {shown}; a reward function must return a finite number"
     assert pool.evaluate(["\\boxed{2}"], ["2"])[0] == [1.0]  # the pool is still in step
+
+
+FAILS = "helpers:failing_reward"
+
+
+@pytest.mark.parametrize("how, first", [("raise", "KeyError: 'score_key'"), ("exit", "SystemExit: 3")])
+def test_a_function_that_fails_on_every_text_stops_like_a_broken_grader(pool, how, first):
+    """Before: every value 0, counted in verifier/errors only, and the run went on (exit 0)."""
+    rs = RewardSet(entries(("correct", "verifier", 1.0), ("broken", FAILS, 1.0, {"how": how})))
+    with pytest.raises(UserError) as e:
+        rs.evaluate(pool, ["a", "bb", "ccc"], ["1", "1", "1"])
+    assert str(e.value) == (
+        f"reward.functions broken ({FAILS}) failed on every one of the 3 completions graded together (the first: {first}), "
+        "so the function is broken, not the text; fix it (call it on one completion to see the traceback)"
+    )
+    assert pool.evaluate(["\\boxed{2}"], ["2"])[0] == [1.0]  # the pool is still in step
+
+
+def test_a_function_that_times_out_on_every_text_stops_naming_the_limit():
+    rs = RewardSet(entries(("slow", FAILS, 1.0, {"how": "sleep"})))
+    with VerifierPool(workers=2, timeout=1.0) as p, pytest.raises(UserError) as e:
+        rs.evaluate(p, ["a", "b"], ["1", "1"])
+    every = "failed on every one of the 2 completions graded together (the first: ran past verifier.timeout=1 s)"
+    assert str(e.value).startswith(f"reward.functions slow ({FAILS}) {every}"), str(e.value)
+
+
+def test_max_failure_share_stops_at_that_share_and_fewer_failures_are_counted(pool):
+    texts, answers = ["raise", "fine", "fine", "fine"], ["1"] * 4
+    tolerant = RewardSet(entries(("odd", "helpers:odd_reward", 1.0)))  # the default: only a failure on every text stops
+    assert tolerant.evaluate(pool, texts, answers)[2] == [[0.0], [1.0], [1.0], [1.0]]
+    assert RewardSet(entries(("odd", "helpers:odd_reward", 1.0)), max_failure_share=0.3).evaluate(pool, texts, answers)[3]["errors"] == 1
+    with pytest.raises(UserError) as e:
+        RewardSet(entries(("odd", "helpers:odd_reward", 1.0)), max_failure_share=0.25).evaluate(pool, texts, answers)
+    assert str(e.value).startswith(
+        "reward.functions odd (helpers:odd_reward) failed on 1 of the 4 completions graded together (the first: KeyError: 'raise'), "
+        "reward.max_failure_share=0.25 or more, so the function is broken"
+    ), str(e.value)
+
+
+def test_a_weighted_sum_that_overflows_is_a_one_line_error_naming_function_and_weight(pool):
+    """Before: 1e308 x 10 = inf as the shaped reward, all advantages 0 (or NaN), exit 0."""
+    rs = RewardSet(entries(("correct", "verifier", 1.0), ("huge", FAILS, 10.0, {"how": "huge"})))
+    with pytest.raises(UserError) as e:
+        rs.evaluate(pool, ["a", "b"], ["1", "1"])
+    assert str(e.value) == (
+        f"reward.functions huge ({FAILS}) returned 1e+308 x weight 10: the weighted sum inf is not a finite number as the "
+        "float32 the advantages use (at most 3.403e+38); lower the weight or bound what the function returns"
+    )
+    two = RewardSet(entries(("a", "helpers:distinct_chars", 1.0), ("b", "helpers:distinct_chars", 2.0)))
+    assert two.totals([[1.0, 2.0]]) == [5.0]
+    with pytest.raises(UserError, match=r"^reward.functions a \(helpers:distinct_chars\) returned 2e\+38 x weight 1 and b "):
+        two.totals([[2e38, 1e38]])  # each term is a float32, their sum is not
 
 
 @pytest.mark.parametrize(
@@ -238,3 +294,28 @@ def test_a_run_without_reward_functions_logs_what_it_always_did(tiny_model_dir, 
         assert set(e) == set(d) | new
         assert {k: v for k, v in d.items() if not k.startswith(TIMES)} == {k: v for k, v in e.items() if k in d and not k.startswith(TIMES)}
         assert d["grad_norm"] > 0  # the runs trained
+
+
+def test_a_run_whose_reward_function_exits_on_every_text_stops_with_one_line(tiny_model_dir, tmp_path, capsys):
+    """Before: sys.exit in a reward function scored 0 on every completion, counted in metrics.jsonl only, exit 0."""
+    quits = f"{{name: quits, function: '{FAILS}', weight: 1, options: {{how: exit}}}}"
+    functions = f"[{{name: correct, function: verifier, weight: 1}}, {quits}]"
+    out = tmp_path / "run"
+    code, err = run_cli(tiny_args(tiny_model_dir, out, 2, "-o", f"reward.functions={functions}"), capsys)
+    line = error_line(err)
+    assert code == 2 and line.startswith(
+        f"error: reward.functions quits ({FAILS}) failed on every one of the 8 completions graded together (the first: SystemExit: 3)"
+    ), line
+    assert not (out / "metrics.jsonl").exists()
+
+
+def test_a_run_shows_the_failed_calls_of_each_step_on_its_step_line(tiny_model_dir, tmp_path):
+    """Failures below reward.max_failure_share score 0 and are counted where the user looks: the step line."""
+    functions = "[{name: correct, function: verifier, weight: 1}, {name: odd, function: helpers:odd_length_failing_reward, weight: 1}]"
+    out = tmp_path / "run"
+    result = invoke(tiny_args(tiny_model_dir, out, 2, "-o", f"reward.functions={functions}"))
+    lines = [x.strip() for x in result.output.splitlines() if x.strip().startswith("step ")]
+    metrics = read_jsonl(out / "metrics.jsonl")
+    assert sum(m["verifier/errors"] for m in metrics) > 0
+    for m, line in zip(metrics, lines, strict=True):
+        assert line.endswith(f"failed calls scored 0: {m['verifier/errors']} errors") == (m["verifier/errors"] > 0), line

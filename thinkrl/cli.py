@@ -11,6 +11,8 @@ from typing import Literal
 import typer
 
 from thinkrl.errors import UserError, capped
+from thinkrl.preview.command import check_override_spacing, one_config
+from thinkrl.preview.command import config as config_command
 from thinkrl.probe.command import probe as probe_command
 from thinkrl.study.command import study as study_command
 
@@ -30,6 +32,7 @@ app = typer.Typer(
 _debug = False
 app.command("study")(study_command)  # the grid and its report (thinkrl/study/command.py)
 app.command("probe")(probe_command)  # one update of each method over paired replicates (thinkrl/probe/command.py)
+app.command("config")(config_command)  # the config a train command runs with, before it runs (thinkrl/preview/command.py)
 
 
 @app.callback()
@@ -44,6 +47,7 @@ RECIPE_HELP = "Whose regime: a method's name (e.g. --method grpo --recipe ctpo),
 @app.command()
 def train(
     config: Path | None = typer.Argument(None, help="YAML config (only what differs from the defaults)."),
+    config_option: Path | None = typer.Option(None, "--config", help="Same as CONFIG."),
     method: str | None = typer.Option(None, "--method", "-m", help="Policy-loss method (see `thinkrl methods`)."),
     model: str | None = typer.Option(None, "--model", help="Hub id, local path, or alias smollm2-135m."),
     dataset: str | None = typer.Option(None, "--dataset", help="arith, an alias, a hub id or a .jsonl/.parquet/.csv file."),
@@ -55,8 +59,8 @@ def train(
     allow_changes: bool = typer.Option(
         False,
         "--allow-changes",
-        help="With --resume: continue even though the model, LoRA shape, method, data, prompts, group size, prompts per step "
-        "or a seed differ from RUN_DIR/config.yaml (recorded in RUN_DIR/changes.jsonl).",
+        help="With --resume: continue even though what makes the run (model, LoRA, method, data, prompts, reward, grader, "
+        "sampling, loss, a seed) differs from RUN_DIR/config.yaml (recorded in RUN_DIR/changes.jsonl).",
     ),
     plugins: Path | None = typer.Option(None, "--plugins", help="Directory of extra method files."),
     recipe: str | None = typer.Option(None, "--recipe", help=RECIPE_HELP),
@@ -68,16 +72,17 @@ def train(
     applies OTHER's regime instead (compare two losses in one regime), --recipe none no recipe.
 
     --resume RUN_DIR continues from the newest intact checkpoint with RUN_DIR/config.yaml; -o may change train.steps,
-    train.lr, memory, logging, eval and checkpoint settings. A change to what makes the run (model, model.lora.*,
-    method, data.*, prompt.*, rollout.group_size, rollout.prompts_per_step, any seed) is refused unless
-    --allow-changes; every change is recorded in RUN_DIR/changes.jsonl and config.yaml then holds the new values."""
+    the optimizer, memory, logging, eval and checkpoint settings. A change to what the run optimises or samples (model,
+    LoRA, method, data, prompts, reward, grader, rollout sampling, advantages, correction, seeds: docs/runs.md) is refused
+    unless --allow-changes; every change is printed, recorded in RUN_DIR/changes.jsonl, and config.yaml takes it."""
     from thinkrl.methods import load_plugins
     from thinkrl.settings import load_config, recipe_flag
     from thinkrl.train import train as run_train
 
     if plugins:
         load_plugins(plugins)
-    _check_override_spacing(override, config)
+    check_override_spacing(override, config)
+    config = one_config(config, config_option)
     if allow_changes and resume is None:
         raise UserError("--allow-changes applies only with --resume RUN_DIR; drop it for a new run")
     if resume is not None:
@@ -93,34 +98,6 @@ def train(
     shorthands = {"method.name": method, "model.name": model, "data.name": dataset, "output_dir": str(output_dir) if output_dir else None}
     cfg = load_config(config, override, recipe=recipe_flag(recipe, no_recipe), **shorthands)
     run_train(cfg, resume=resume is not None, allow_changes=allow_changes)
-
-
-def _check_override_spacing(overrides: list[str], config: Path | None) -> None:
-    """`-o train.lr 1e-5` hands 1e-5 to CONFIG: say what happened instead of "config file not found"."""
-    bare = next((o for o in overrides if "=" not in o), None)
-    if bare is not None:
-        after = f" {config}" if config is not None and not config.exists() else ""
-        raise UserError(f"-o {bare}{after}: write each override as one argument KEY=VALUE, e.g. -o {bare}={str(config or 'VALUE')}")
-
-
-@app.command("config")
-def config_(
-    method: str | None = typer.Option(None, "--method", "-m", help="Show the config --method NAME trains with (its recipe applied)."),
-    recipe: str | None = typer.Option(None, "--recipe", help=RECIPE_HELP),
-    no_recipe: bool = typer.Option(False, "--no-recipe", help="Same as --recipe none."),
-    plugins: Path | None = typer.Option(None, "--plugins", help="Directory of extra method files."),
-) -> None:
-    """Every config key with its value and doc line (with --method: that method's recipe and fields applied), the
-    keys the recipe set marked (recipe)."""
-    from thinkrl.config.describe import describe
-    from thinkrl.methods import get_method, load_plugins
-    from thinkrl.settings import applied_recipe, load_config, recipe_flag, recipe_report
-
-    if plugins:
-        load_plugins(plugins)
-    cfg = load_config(recipe=recipe_flag(recipe, no_recipe), **({"method.name": method} if method else {}))
-    m = get_method(cfg.method.name, **cfg.method.params)
-    print(describe(cfg, m, applied_recipe(cfg), recipe_report(cfg), named=method is not None))
 
 
 # over 60 lines: most of it declares the options
@@ -157,8 +134,10 @@ def eval_(
     from thinkrl.evaluation.settings import EvalSettings
     from thinkrl.settings import load_config
 
-    if limit < 0 or batch_size < 1:
-        raise UserError("--limit must be >= 0 and --batch-size >= 1")
+    if limit < 0:
+        raise UserError(f"--limit must be >= 0 (0 = every problem), got {limit}")
+    if batch_size < 1:
+        raise UserError(f"--batch-size must be >= 1 (completions decoded together), got {batch_size}")
     cfg = load_config(config) if config else None
     settings = EvalSettings(
         model=model,
@@ -265,6 +244,9 @@ def show(
     Prompts, answers and completions are printed as text: terminal escapes in them are shown, not obeyed."""
     from thinkrl.run.readers import print_rollouts
 
+    for flag, value, zero in (("--groups", groups, "all"), ("--max-chars", max_chars, "whole")):
+        if value < 0:
+            raise UserError(f"{flag} must be >= 0 (0 = {zero}), got {value}")
     print_rollouts(run_dir, step, groups, max_chars)
 
 
@@ -281,19 +263,31 @@ def export(
     run_export(source, out, merge, dtype)
 
 
+# the option parser's errors: typer's own copy of click's ClickException (click's own in older typer)
+ParserError = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
+
+
 def run() -> None:
-    """Console-script entry point: user errors are one line and exit status 2."""
+    """Console-script entry point: user errors and the option parser's are one line and exit status 2."""
     try:
-        app()
-    except UserError as e:
-        if _debug:
+        code = app(standalone_mode=False)  # parser errors are raised here, not drawn as typer's panel
+    except (UserError, ParserError) as e:
+        if _debug and isinstance(e, UserError):
             raise
+        if type(e).__name__ == "NoArgsIsHelpError":  # bare `thinkrl`: the help is already printed
+            sys.exit(2)
         from thinkrl.run.console import printable
 
+        ctx = getattr(e, "ctx", None)
+        text = str(e) if isinstance(e, UserError) else e.format_message() + (f"; see {ctx.command_path} --help" if ctx else "")
         # one line (scripts grep "error:"), escapes shown not obeyed, at most MAX_MESSAGE_CHARS (thinkrl/errors.py)
-        line = printable(" ".join(line.strip() for line in str(e).splitlines() if line.strip()))
+        line = printable(" ".join(line.strip() for line in text.splitlines() if line.strip()))
         print("error: " + capped(line), file=sys.stderr)
         sys.exit(2)
+    except typer.Abort:  # end of input at a prompt
+        print("Aborted!", file=sys.stderr)
+        sys.exit(1)
+    sys.exit(code if isinstance(code, int) else 0)  # typer.Exit(N) comes back as N
 
 
 if __name__ == "__main__":

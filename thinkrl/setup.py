@@ -20,13 +20,13 @@ from typing import Any
 import torch
 
 from thinkrl.config import Config
-from thinkrl.data import build_prompts, load_problems
+from thinkrl.data import build_prompts, fit_context, load_problems, model_context, template_note, uses_chat
 from thinkrl.errors import UserError
 from thinkrl.learner.logprobs import PolicyLogProbs
 from thinkrl.learner.update import UpdateContext
 from thinkrl.methods import Method
 from thinkrl.models import load_base, load_policy, load_tokenizer, parameter_counts, resolve_path
-from thinkrl.rollout.engines import Engine, engine_for_run
+from thinkrl.rollout.engines import Engine, check_engine, engine_for_run
 from thinkrl.rollout.policy_copy import PolicySampler
 from thinkrl.run import checkpoint, faults, resume
 from thinkrl.run.atomic import write_atomic
@@ -70,16 +70,72 @@ def lr_lambda(cfg, total: int):
     return f
 
 
-def prepare_data(cfg: Config, tok) -> tuple[list, dict]:
-    """The training prompts and what was skipped (written to data_report.json once the run starts)."""
+NO_ROOM = "prompt + max_new_tokens over the context"  # the skip reason of a prompt the budget does not fit beside
+
+
+def prepare_data(cfg: Config, tok, context: int | None = None) -> tuple[list, dict]:
+    """The training prompts and what was skipped (written to data_report.json once the run starts). A prompt is
+    kept when it is at most data.max_prompt_tokens long and leaves rollout.max_new_tokens in the model's
+    context (`context`; default: read from the model's config), since a step decodes every prompt with the
+    whole budget (eval instead clips each prompt's budget, thinkrl/evaluation/evaluate.py)."""
+    context = context or model_context_of(cfg.model.name, tok)
+    check_budget(cfg, context)
     loaded = load_problems(cfg.data)
+    for line in loaded.warnings:  # a benchmark copy with another row count than the benchmark's
+        console.print(f"[yellow]warning: {shown(line)}[/]", soft_wrap=True)
+    note = template_note(tok, cfg.prompt)
+    if note:
+        console.print(f"[yellow]{note}[/]", soft_wrap=True)
     prompts, too_long = build_prompts(loaded.problems, tok, cfg.prompt, cfg.data.max_prompt_tokens)
-    skipped = {**loaded.skipped, **({"prompt too long": too_long} if too_long else {})}
+    prompts, no_room = fit_context(prompts, context, cfg.rollout.max_new_tokens)
+    skipped = {**loaded.skipped, **({"prompt too long": too_long} if too_long else {}), **({NO_ROOM: no_room} if no_room else {})}
+    d, r = cfg.data, cfg.rollout
+    if not prompts and not no_room:
+        raise UserError(f"every prompt of {d.name} is longer than data.max_prompt_tokens={d.max_prompt_tokens}; raise it")
     if not prompts:
-        raise UserError(f"every prompt of {cfg.data.name} is longer than data.max_prompt_tokens={cfg.data.max_prompt_tokens}; raise it")
-    note = ", ".join(f"{n} {why}" for why, n in skipped.items()) or "none"
-    console.print(f"data: {shown(cfg.data.name)}: {len(prompts)} prompts, skipped: {shown(note)}")
-    return prompts, {"dataset": cfg.data.name, "used": len(prompts), "skipped": skipped}
+        raise UserError(
+            f"no prompt of {d.name} leaves room for rollout.max_new_tokens={r.max_new_tokens} in the {context}-token context of "
+            f"model {cfg.model.name} ({too_long} over data.max_prompt_tokens={d.max_prompt_tokens}, {no_room} too long for the "
+            "context beside the budget); lower rollout.max_new_tokens"
+        )
+    parts = [f"{n} {why}" + (f" ({loaded.where[why]})" if why in loaded.where else "") for why, n in skipped.items()]
+    console.print(f"data: {shown(d.name)}: {len(prompts)} prompts, skipped: {shown(', '.join(parts) or 'none')}", soft_wrap=True)
+    template = "chat" if uses_chat(tok, cfg.prompt) else "plain"
+    report = {"dataset": d.name, "source": loaded.origin, "sha256": loaded.sha256, "used": len(prompts), "skipped": skipped}
+    report["skipped_where"] = loaded.where
+    return prompts, {**report, "template": template, "context_window": context}
+
+
+def model_context_of(name: str, tok) -> int | None:
+    """The model's context window from its config.json, before any weights load (None: not known)."""
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(resolve_path(name))
+    except Exception:  # an architecture this transformers lacks, say: loading the model names the real problem
+        config = None
+    return model_context(config, tok)
+
+
+def check_budget(cfg: Config, context: int | None) -> None:
+    """rollout.max_new_tokens against the model's context, before the model loads: a budget that leaves no room
+    for any prompt is refused; one that, with data.max_prompt_tokens, is past the context clips the prompt
+    limit to the rest (longer prompts are skipped and counted), and a warning says so."""
+    budget, limit = cfg.rollout.max_new_tokens, cfg.data.max_prompt_tokens
+    if context is None or budget + limit <= context:
+        return
+    model = shown(cfg.model.name)
+    if budget >= context:
+        room = context - min(limit, context // 2)
+        raise UserError(
+            f"rollout.max_new_tokens={budget} leaves no room for a prompt in the {context}-token context of model "
+            f"{cfg.model.name}; set it below {context} (-o rollout.max_new_tokens={room} leaves {context - room} tokens for the prompt)"
+        )
+    console.print(
+        f"[yellow]warning: data.max_prompt_tokens={limit} + rollout.max_new_tokens={budget} is past the {context}-token context of "
+        f"model {model}, so prompts are limited to {context - budget} tokens (longer ones are skipped and counted); lower either to fit[/]",
+        soft_wrap=True,
+    )
 
 
 def check_writable(run_dir: Path) -> None:
@@ -96,9 +152,10 @@ def check_writable(run_dir: Path) -> None:
 
 def prepare(cfg: Config, method: Method, accelerator, run_dir: Path, ckpt: Path | None) -> Setup:
     """Data and reward functions first (cheap, and the usual mistakes), then model, method, optimizer, sampler and engine."""
+    check_engine(cfg.rollout.engine)  # a missing vLLM: before the model (or the bundled one's conversion) loads
     tok = load_tokenizer(resolve_path(cfg.model.name))
     prompts, report = prepare_data(cfg, tok)
-    rewards = RewardSet(cfg.reward.functions)  # a reward function that cannot be imported or called fails here
+    rewards = RewardSet(cfg.reward.functions, cfg.reward.max_failure_share)  # one that cannot be imported or called fails here
     device = accelerator.device
     reseed(cfg.train.seed, 0, device)  # the loop's rule: the LoRA init is part of the run's seed
     policy, tok = load_policy(cfg.model, device)

@@ -14,8 +14,8 @@ failed write (disk full, unwritable --output-dir), GPU out of memory (nothing ne
 finish the step, checkpoint, and print the resume command (exit 0). One process at a time uses a run
 directory: a second one (a resume of a running run) fails in one line naming the first (thinkrl/run/lock.py).
 
-Resume (thinkrl/run/resume.py): a change to what makes the run (model, LoRA shape, method, data, prompts,
-group size, prompts per step, seeds) is refused unless allow_changes, and recorded in RUN_DIR/changes.jsonl;
+Resume (thinkrl/run/resume.py): a change to what makes the run (resume.GUARDED: model, method, data, reward,
+sampling, loss, seeds) is refused unless allow_changes; every change is printed and recorded in RUN_DIR/changes.jsonl;
 config.yaml is rewritten only once the resumed run has set up. A damaged newest checkpoint is named in one line
 and the newest intact one is used (thinkrl/run/intact.py). A new run refuses an --output-dir holding a
 run or other files.
@@ -98,6 +98,7 @@ def _train(cfg: Config, resume: bool, held: contextlib.ExitStack, allow_changes:
     s = setup.prepare(cfg, method, accelerator, run_dir, ckpt)
     accelerator.wait_for_everyone()  # every rank has set up before rank 0 writes anything
     setup.open_run_dir(cfg, run_dir, s.data_report, main, held if main and not locked else None, s.start if resume else None)
+    held.push(resuming.forget_failed_start(run_dir, main and not resume))  # a start that fails before step 1 leaves no run
     if main and damaged:
         with faults.writes(run_dir / "checkpoints", run_dir):
             for moved in intact.set_aside([bad for bad, _ in damaged]):
@@ -107,8 +108,7 @@ def _train(cfg: Config, resume: bool, held: contextlib.ExitStack, allow_changes:
     metrics_log, rollouts_log = JsonlLog(run_dir / "metrics.jsonl"), JsonlLog(run_dir / "rollouts.jsonl")
     for log in (metrics_log, rollouts_log) if main else ():
         log.truncate_after(start)
-    flag = faults.StopFlag()
-    run = None
+    flag, run = faults.StopFlag(), None
     try:
         with (
             ShieldedPool(cfg.verifier.workers, cfg.verifier.timeout, grade_fn=grade_fn) as pool,
@@ -158,7 +158,7 @@ def _steps(run: _Run, pool, bar, flag: faults.StopFlag) -> None:
             raise UserError(faults.nonfinite_message(run.cfg, step + 1, nonfinite, run.run_dir, dtype))
         if stop and not done:
             # soft_wrap: never wrapped at the console width, so the command stays one copyable line in a log file
-            console.print(f"stopped after step {step + 1}; continue with: thinkrl train --resume {run.run_dir}", soft_wrap=True)
+            console.print(escape(f"stopped after step {step + 1}; continue with: {resuming.resume_command(run.run_dir)}"), soft_wrap=True)
             return
 
 

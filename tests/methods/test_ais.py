@@ -10,7 +10,7 @@ from thinkrl.errors import UserError
 from thinkrl.methods import get_method, method_class
 from thinkrl.methods.ais import Config as AISConfig
 from thinkrl.methods.ais import ais_diagnostics, ais_weights
-from thinkrl.settings import load_config, resolve
+from thinkrl.settings import load_config, resolve, resolve_with_method
 
 RHO = [1.0, 1.2, 0.8, 1.5]
 ADV = [1.0, 1.0, -1.0, -1.0]
@@ -186,9 +186,9 @@ def test_ais_help_names_its_paper():
 
 
 def test_ais_config_file_resolves():
-    ais = resolve(load_config(CONFIGS / "ais.yaml"))  # to method.name ais: test_method_contract.py
+    ais, method = resolve_with_method(load_config(CONFIGS / "ais.yaml"))  # to method.name ais: test_method_contract.py
     assert ais.rollout.precision == "fp8"
-    assert ais.method.params["alpha"] is None and ais.method.params["norm_length"] == 48
+    assert ais.method.params["alpha"] is None and method.cfg.norm_length == 48  # 0 -> rollout.max_new_tokens
 
 
 def test_ais_requires_and_class_flags():

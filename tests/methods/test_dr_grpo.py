@@ -9,7 +9,7 @@ from batches import CONFIGS, ratio_batch
 from thinkrl.batch import TokenBatch
 from thinkrl.errors import UserError
 from thinkrl.methods import get_method, method_class
-from thinkrl.settings import load_config, resolve
+from thinkrl.settings import load_config, resolve_with_method
 
 
 def test_dr_grpo_aggregation_worked_example():
@@ -26,8 +26,10 @@ def test_dr_grpo_aggregation_worked_example():
 
 
 def test_dr_grpo_norm_length_is_the_budget_in_the_trainer_and_padded_length_alone():
-    # configs/dr_grpo.yaml resolves norm_length 0 to rollout.max_new_tokens = 48
-    assert resolve(load_config(CONFIGS / "dr_grpo.yaml")).method.params["norm_length"] == 48
+    # configs/dr_grpo.yaml resolves norm_length 0 to rollout.max_new_tokens = 48 for the run's method; its
+    # config keeps 0, so a resume with another budget follows it (tests/test_config.py)
+    cfg, method = resolve_with_method(load_config(CONFIGS / "dr_grpo.yaml"))
+    assert method.cfg.norm_length == 48 and cfg.method.params["norm_length"] == 0
     # used directly with norm_length 0: L = padded T = 4, so the same batch gives 21 / (2 * 4) = 2.625
     r = [[1.0, 2.0, 1.0, 1.0], [3.0, 4.0, 5.0, 6.0]]
     _, batch = ratio_batch([[math.log(v) for v in row] for row in r], [-1.0, -1.0], mask=[[1, 1, 0, 0], [1, 1, 1, 1]])

@@ -10,7 +10,7 @@ from helpers import assert_second_correction_refused_unless_anchor_old
 from thinkrl.batch import TokenBatch
 from thinkrl.errors import UserError
 from thinkrl.methods import get_method, method_class
-from thinkrl.settings import load_config, resolve
+from thinkrl.settings import load_config, resolve_with_method
 
 
 def point(pi, mu, adv):
@@ -119,9 +119,9 @@ def test_drpo_config_is_validated():
 
 
 def test_drpo_config_file_resolves():
-    cfg = resolve(load_config(CONFIGS / "drpo.yaml"))
+    cfg, method = resolve_with_method(load_config(CONFIGS / "drpo.yaml"))
     assert cfg.method.params["aggregation"] == "seq-mean-token-sum-norm"
-    assert cfg.method.params["norm_length"] == 48  # 0 -> rollout.max_new_tokens
+    assert method.cfg.norm_length == 48  # 0 -> rollout.max_new_tokens
     assert cfg.method.params["delta"] == 12.5 and cfg.method.params["anchor"] == "behav"
 
 

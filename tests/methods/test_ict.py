@@ -8,7 +8,7 @@ from thinkrl.batch import TokenBatch
 from thinkrl.errors import UserError
 from thinkrl.methods import get_method, method_class
 from thinkrl.methods.ict import select_tokens
-from thinkrl.settings import load_config, resolve
+from thinkrl.settings import load_config, resolve_with_method
 
 # Hand example (pad = padding). Token-id scores = mean JS over occurrences:
 #   id 9: 0.40;  id 5: (0.60 + 0.00) / 2 = 0.30;  id 7: (0.10 + 0.30) / 2 = 0.20;  id 8: (0.25 + 0.05) / 2 = 0.15
@@ -99,5 +99,5 @@ def test_ict_config_and_properties():
 
 def test_ict_config_file_and_help():
     # resolving to method.name ict and documenting every field: test_method_contract.py
-    assert resolve(load_config(CONFIGS / "ict.yaml")).method.params["norm_length"] == 48
+    assert resolve_with_method(load_config(CONFIGS / "ict.yaml"))[1].cfg.norm_length == 48
     assert "arXiv 2606.19771" in method_class("ict").help()

@@ -11,7 +11,7 @@ from thinkrl.errors import UserError
 from thinkrl.methods import get_method, method_class
 from thinkrl.methods._common import aggregate
 from thinkrl.methods.sis import rejection_test
-from thinkrl.settings import load_config, resolve
+from thinkrl.settings import load_config, resolve, resolve_with_method
 
 # ---------------------------------------------------------------- the vocabulary-of-4 case
 
@@ -243,7 +243,7 @@ def test_sis_needs_the_top_k_fields():
 
 def test_sis_config_file_and_help():
     # resolving to method.name sis and documenting every field: test_method_contract.py
-    assert resolve(load_config(CONFIGS / "sis.yaml")).method.params["norm_length"] == 48
+    assert resolve_with_method(load_config(CONFIGS / "sis.yaml"))[1].cfg.norm_length == 48
     assert "arXiv 2607.04728" in method_class("sis").help()
 
 

@@ -4,8 +4,9 @@
 Each is compiled with the system compiler into $THINKRL_CACHE/native (default ~/.cache/thinkrl/native), once
 per source, compiler, flags and whatever else the caller names (the CPU for -march=native, torch's version
 for code against its headers), then loaded with ctypes. A build takes about a second. Where it cannot be
-built (not Linux, no compiler, a compile error) the caller gets None and one warning naming the reason and
-the switch that turns the helper off; thinkrl then runs the plain torch path, only slower.
+built (not Linux, no compiler, a compile error) the caller gets None and one line on stderr naming the reason
+and the switch that turns the helper off; thinkrl then runs the plain torch path, only slower. Without a
+compiler that line says how to get one and is printed once per process, not once per helper.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import warnings
 from pathlib import Path
 
 from thinkrl.models import cache_dir
@@ -34,11 +34,11 @@ def build(name: str, switch: str, source: Path, cc: str | None, compile_flags: l
     if not sys.platform.startswith("linux"):
         return None
     if cc is None:
-        return unavailable(name, switch, "no compiler found")
+        return unavailable(name, switch, "none on PATH", no_compiler=True)
     try:
         version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError) as e:
-        return unavailable(name, switch, f"{cc} --version failed: {e}")
+        return unavailable(name, switch, f"{cc} --version failed: {getattr(e, 'strerror', None) or e}", no_compiler=True)
     parts = [source.read_text(), version, *compile_flags, *link_flags, *key]
     target = cache_dir() / "native" / f"{source.stem}-{hashlib.sha256(chr(0).join(parts).encode()).hexdigest()[:16]}.so"
     if not target.is_file():
@@ -66,10 +66,25 @@ def _compile(cc: str, source: Path, compile_flags: list[str], link_flags: list[s
         os.replace(lib, target)
 
 
-def unavailable(name: str, switch: str, why: str) -> None:
-    warnings.warn(
-        f"thinkrl: the {name} is unavailable ({why}); thinkrl runs without it, only slower on the CPU. "
-        f"Set {switch} to run without it and without this warning.",
-        stacklevel=3,
-    )
+_told_no_compiler: list[bool] = []  # the no-compiler line is printed once per process, whichever helper meets it
+
+
+def unavailable(name: str, switch: str, why: str, no_compiler: bool = False) -> None:
+    """One line on stderr (a warnings.warn would add its source line and repeat per helper); None."""
+    if no_compiler:
+        if _told_no_compiler:
+            return None
+        _told_no_compiler.append(True)
+        line = (
+            f"warning: thinkrl: no C/C++ compiler ({why}), so the {name} is unavailable, as is any other native CPU "
+            "helper that needs one: training and sampling on the CPU run slower. Install one (Debian/Ubuntu: apt install "
+            "build-essential; Fedora: dnf install gcc gcc-c++) or point CC and CXX at one; or set THINKRL_CPU_CACHE=0 "
+            "and THINKRL_DECODE_KERNEL=0 to run without them and without this warning."
+        )
+    else:
+        line = (
+            f"warning: thinkrl: the {name} is unavailable ({' '.join(why.split())}); thinkrl runs without it, only slower "
+            f"on the CPU. Set {switch} to run without it and without this warning."
+        )
+    print(line, file=sys.stderr, flush=True)
     return None

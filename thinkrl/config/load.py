@@ -8,7 +8,8 @@ CTPO with 4 mini-batches and sequence-level TIS, not GRPO's on-policy single upd
 `method.recipe: none` (`--recipe none`, `--no-recipe`) applies none. Values are parsed as YAML; every unknown
 key and ill-typed value is reported in one message, each with where it came from (file:line or the -o text)
 and the closest valid key, or the thinkrl name of a TRL / verl setting. The resolved config (every default filled in) is written into each
-run directory.
+run directory; values that follow rollout.max_new_tokens (norm_length 0, a fractional reward.overlong_buffer)
+stay as written there and are worked out where they are used, so a resume with another budget follows it.
 
 config/ never imports a method: what it needs of one (its recipe, its resolved fields, what it corrects
 itself) is the MethodSpec below, and thinkrl/settings.py passes the registry's methods in.
@@ -203,13 +204,21 @@ def resolve(cfg: Config, method: MethodSpec) -> Config:
         raise UserError(refusal)
     if cfg.seeds.enabled is None:
         cfg.seeds.enabled = "prefix_mask" in method.requires
-    if cfg.method.params.get("norm_length") == 0:  # seq-mean-token-sum-norm's constant L: the budget
-        cfg.method.params["norm_length"] = cfg.rollout.max_new_tokens
+    # Values that follow the budget are resolved where they are used, never written back: config.yaml keeps
+    # norm_length 0 and a fractional reward.overlong_buffer as the user wrote them, so a resume with another
+    # rollout.max_new_tokens follows the new budget (reward.overlong_tokens does the buffer, in the rollout).
+    if getattr(method.cfg, "norm_length", None) == 0:  # seq-mean-token-sum-norm's constant L: the budget
+        method.cfg.norm_length = cfg.rollout.max_new_tokens
     r, t, s = cfg.rollout, cfg.train, cfg.seeds
-    if 0 < cfg.reward.overlong_buffer < 1:  # a fraction of the budget: the recipes stay right for any budget
-        cfg.reward.overlong_buffer = max(1, int(cfg.reward.overlong_buffer * r.max_new_tokens))
-    cfg.reward.overlong_buffer = int(cfg.reward.overlong_buffer)
+    buffer, written = cfg.reward.overlong_tokens(r.max_new_tokens), cfg.reward.overlong_buffer
+    written = int(written) if float(written).is_integer() else written  # 48, not 48.0, as the user wrote it
+    estimator = method.advantage if cfg.advantage.estimator == "auto" else cfg.advantage.estimator
     checks = [
+        (  # every estimator (grpo, no_std, rloo) is group-relative: a group of one would train on the raw reward
+            r.group_size >= 2,
+            f"rollout.group_size=1: advantage.estimator={estimator} compares each completion with the others of its prompt's "
+            "group, and a group of one has none to compare with; set rollout.group_size to 2 or more",
+        ),
         (
             r.prompts_per_step * r.group_size >= t.mini_batches,
             f"train.mini_batches={t.mini_batches} exceeds the {r.prompts_per_step * r.group_size} completions per step",
@@ -227,8 +236,8 @@ def resolve(cfg: Config, method: MethodSpec) -> Config:
             f"seeds.tokens_max={s.tokens_max} must be below rollout.max_new_tokens={r.max_new_tokens}",
         ),
         (
-            cfg.reward.overlong_buffer < r.max_new_tokens,
-            f"reward.overlong_buffer={cfg.reward.overlong_buffer} must be below rollout.max_new_tokens={r.max_new_tokens}",
+            buffer < r.max_new_tokens,
+            f"reward.overlong_buffer={written} must be below rollout.max_new_tokens={r.max_new_tokens}",
         ),
     ]
     for ok, msg in checks:

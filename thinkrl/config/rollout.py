@@ -131,11 +131,24 @@ class RewardConfig:
     overlong_penalty; a value below 1 is a fraction of rollout.max_new_tokens (DAPO: 0.2); 0 = off."""
     overlong_penalty: float = 1.0
     """Largest overlong punishment, reached at rollout.max_new_tokens."""
+    max_failure_share: float = 1.0
+    """A reward function that fails (raises, exits, runs past verifier.timeout, kills its worker) on this share of the
+    completions graded together or more stops the run; 1.0 = only when it fails on all of them. Fewer score 0."""
+
+    def overlong_tokens(self, max_new_tokens: int) -> int:
+        """overlong_buffer in tokens for a budget of max_new_tokens. Worked out where it is used, never stored back:
+        config.yaml keeps a fraction as written, so a resume with another budget takes the same share of it."""
+        buffer = self.overlong_buffer
+        return max(1, int(buffer * max_new_tokens)) if 0 < buffer < 1 else int(buffer)
 
     def __post_init__(self) -> None:
         check(
             (0 <= self.overlong_buffer < math.inf, f"overlong_buffer must be >= 0 and finite (0 = off), got {self.overlong_buffer}"),
             (0 <= self.overlong_penalty < math.inf, f"overlong_penalty must be >= 0 and finite, got {self.overlong_penalty}"),
+            (
+                0 < self.max_failure_share <= 1,
+                f"max_failure_share must be in (0, 1] (1: stop only when every call fails), got {self.max_failure_share}",
+            ),
             (len(self.functions) >= 1, "functions must hold at least one {name, function, weight} (the default: the verifier)"),
         )
         names = [f.name for f in self.functions]

@@ -21,6 +21,21 @@ class Problem:
 class Loaded:
     problems: list[Problem]
     skipped: dict[str, int] = field(default_factory=dict)  # reason -> count
+    where: dict[str, str] = field(default_factory=dict)  # reason -> where those rows are: "d.jsonl, lines 3, 9 and 2 more"
+    origin: str = ""  # what was read: a file's path, package:ALIAS (shipped with thinkrl), hub:ID or builtin:arith
+    sha256: str | None = None  # of that file's bytes (None: the hub or the built-in task)
+    warnings: list[str] = field(default_factory=list)  # one line each, for the caller to print
+
+
+SHOWN_POSITIONS = 5  # a skip report names this many rows, then counts the rest
+
+
+def positions(source: str, where: list[str]) -> str:
+    """'d.jsonl', ['line 3', 'line 9', ...] -> 'd.jsonl, lines 3, 9, 12, 15, 20 and 4 more': the first few
+    places (all of one kind: line, item or row), then a count, so a file of broken rows stays one line."""
+    unit, numbers = where[0].split()[0], [w.split()[-1] for w in where[:SHOWN_POSITIONS]]
+    more = f" and {len(where) - SHOWN_POSITIONS} more" if len(where) > SHOWN_POSITIONS else ""
+    return f"{source}, {unit}{'s' if len(where) > 1 else ''} {', '.join(numbers)}{more}"
 
 
 def normalise_answer(value: Any) -> str | None:

@@ -2,12 +2,14 @@
 
 Sources, by `data.name`:
   arith              built-in, seeded arithmetic ("What is 27 + 82?"); train and test splits are disjoint
-  a dataset alias    gsm8k, math, math500, aime24, aime25, amc23, dapo17k (hub ids and columns below);
-                     $THINKRL_DATA_DIR/<alias>.jsonl or <alias>_<split>.jsonl is used instead when present
+  a dataset alias    gsm8k, math, math500, aime24, aime25, amc23, dapo17k (hub ids and columns below), read
+                     from the first of: $THINKRL_DATA_DIR/<alias>_<split>.jsonl or <alias>.jsonl, the copy
+                     shipped in thinkrl/data/benchmarks/ (aime24, aime25, amc23, math500), the hub (data/hub.py)
   a file             .jsonl / .json / .parquet / .csv with problem/answer columns (names configurable)
   anything else      a Hugging Face dataset id (needs the hub; a clear error when it is unreachable)
 Rows with a missing answer or problem, or a gold answer that is no math value (NaN, a list, a boolean:
-thinkrl.data.problems.is_math_value), are skipped and counted (Loaded.skipped). Ids must be unique: pass@k and
+thinkrl.data.problems.is_math_value), and unreadable lines are skipped and counted (Loaded.skipped), with the
+file and the first few of their line numbers (Loaded.where), so a broken row can be found and fixed. Ids must be unique: pass@k and
 maj@n group samples by id, so two different problems with one id are refused (naming both rows), and a row
 that repeats another (id, problem and answer) is dropped and counted. Text files are read as UTF-8 with or
 without a byte-order mark.
@@ -25,7 +27,9 @@ from typing import Any
 
 from thinkrl.config import DataConfig
 from thinkrl.data.arith import arith_problems
-from thinkrl.data.problems import Loaded, Problem, is_math_value, normalise_answer
+from thinkrl.data.benchmarks import origin, row_count_warning, shipped_file
+from thinkrl.data.hub import read_hub
+from thinkrl.data.problems import Loaded, Problem, is_math_value, normalise_answer, positions
 from thinkrl.errors import UserError
 
 
@@ -66,8 +70,8 @@ ALIASES: dict[str, HubSpec] = {
 ROW_HELP = 'expected one JSON object per line, e.g. {"problem": "What is 2 + 3?", "answer": "5"}'
 
 
-def _read_file(path: Path) -> tuple[list[dict[str, Any]], int, list[str]]:
-    """Rows of a local file, the number of unreadable lines (skipped and counted, unless none is readable),
+def _read_file(path: Path) -> tuple[list[dict[str, Any]], list[str], list[str]]:
+    """Rows of a local file, where its unreadable lines are (skipped and counted, unless none is readable),
     and where each row is in the file, for messages about one row: 'line 7' (counted from 1, as editors do),
     or the index of a JSON list's 'item 3' or a parquet table's 'row 3' (counted from 0, as Python does)."""
     suffix = path.suffix.lower()
@@ -83,10 +87,10 @@ def _read_file(path: Path) -> tuple[list[dict[str, Any]], int, list[str]]:
         raise UserError(f"{path}: could not read it as {suffix[1:]}: {type(e).__name__}: {str(e).strip()[:200]}") from e
 
 
-def _parse_file(path: Path, suffix: str) -> tuple[list[dict[str, Any]], int, list[str]]:
+def _parse_file(path: Path, suffix: str) -> tuple[list[dict[str, Any]], list[str], list[str]]:
     # utf-8-sig: a byte-order mark (Excel, Notepad) is not part of the first line's JSON or the first column's name
     if suffix == ".jsonl" or (suffix == ".json" and not path.read_text(encoding="utf-8-sig").lstrip()[:1] == "["):
-        rows, bad, first_bad, where = [], 0, None, []
+        rows, bad, first_bad, where = [], [], None, []
         for n, line in enumerate(path.read_text(encoding="utf-8-sig").splitlines(), 1):
             if not line.strip():
                 continue
@@ -100,7 +104,7 @@ def _parse_file(path: Path, suffix: str) -> tuple[list[dict[str, Any]], int, lis
                 rows.append(row)
                 where.append(f"line {n}")
             else:
-                bad += 1
+                bad.append(f"line {n}")
                 first_bad = first_bad or (n, why)
         if bad and not rows:  # nothing to skip *to*: the file is not JSON lines at all
             raise UserError(f"{path}, line {first_bad[0]}: {first_bad[1]}; no line of the file is a JSON object ({ROW_HELP})")
@@ -113,7 +117,8 @@ def _parse_file(path: Path, suffix: str) -> tuple[list[dict[str, Any]], int, lis
                 f"{path}, line {e.lineno} column {e.colno}: malformed JSON ({e.msg}); expected a list of objects, or JSON lines"
             ) from e
         items = [(i, r) for i, r in enumerate(data) if isinstance(r, dict)]
-        return [r for _, r in items], len(data) - len(items), [f"item {i}" for i, _ in items]
+        bad = [f"item {i}" for i, r in enumerate(data) if not isinstance(r, dict)]
+        return [r for _, r in items], bad, [f"item {i}" for i, _ in items]
     if suffix == ".csv":
         with path.open(newline="", encoding="utf-8-sig") as f:
             reader = csv.DictReader(f)
@@ -121,11 +126,11 @@ def _parse_file(path: Path, suffix: str) -> tuple[list[dict[str, Any]], int, lis
             for row in reader:
                 rows.append(row)
                 where.append(f"line {reader.line_num}")
-            return rows, 0, where
+            return rows, [], where
     import pyarrow.parquet as pq
 
     rows = pq.read_table(path).to_pylist()
-    return rows, 0, [f"row {i}" for i in range(len(rows))]
+    return rows, [], [f"row {i}" for i in range(len(rows))]
 
 
 def _local_alias(name: str, split: str) -> Path | None:
@@ -141,19 +146,18 @@ def _local_alias(name: str, split: str) -> Path | None:
     return None
 
 
-def _read_hub(spec_path: str, subset: str | None, split: str) -> list[dict[str, Any]]:
-    try:
-        import datasets
-
-        datasets.disable_progress_bars()  # thinkrl's own display says what it loads
-        ds = datasets.load_dataset(spec_path, subset, split=split)
-    except Exception as e:  # network, missing split, private repo: all end up here
-        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
-        raise UserError(
-            f"could not load dataset '{spec_path}' (split {split!r}) from the Hugging Face Hub: {first}. "
-            "If the hub is unreachable, download it elsewhere and pass a local .jsonl/.parquet file as data.name"
-        ) from None
-    return list(ds)
+def _alias_rows(name: str, split: str | None, flag: str):
+    """An alias's rows, unreadable lines, row places, the file read (None: the hub) and warnings, from the first
+    of: $THINKRL_DATA_DIR's copy, the copy shipped with thinkrl (the alias's own split only), the hub. A copy of
+    a known benchmark with another row count than the benchmark's is used, with a one-line warning."""
+    spec = ALIASES[name]
+    own = split in (None, spec.split)
+    local = _local_alias(name, split or spec.split) or (shipped_file(name) if own else None)
+    if local is None:
+        return read_hub(spec.path, spec.subset, split or spec.split, name, flag, alias=True), [], None, None, []
+    rows, bad, where = _read_file(local)
+    warning = row_count_warning(name, len(rows) + len(bad), str(local)) if own else None
+    return rows, bad, where, local, [warning] if warning else []
 
 
 def _duplicate_id(name: str, pid: str, here: str, first: str, numbered: bool) -> str:
@@ -165,8 +169,8 @@ def _duplicate_id(name: str, pid: str, here: str, first: str, numbered: bool) ->
 
 
 def _problems(name: str, rows: list[dict], where: list[str], problem_key: str, answer_key: str, answer_fn, limit: int, skipped: dict):
-    """The usable problems of `rows` (at most `limit`; 0: all), counting each skipped row by why in `skipped`;
-    an id that names two different problems fails in one line naming both rows."""
+    """The usable problems of `rows` (at most `limit`; 0: all), listing where each skipped row is by why in
+    `skipped` (reason -> places); an id that names two different problems fails in one line naming both rows."""
     problems, seen = [], {}  # seen: id -> (problem, answer, where, whether the row named its id)
     for i, row in enumerate(rows):
         raw = row.get(answer_key)
@@ -191,31 +195,31 @@ def _problems(name: str, rows: list[dict], where: list[str], problem_key: str, a
             else:
                 raise UserError(_duplicate_id(name, pid, where[i], seen[pid][2], not (named and seen[pid][3])))
         if why:
-            skipped[why] = skipped.get(why, 0) + 1
+            skipped.setdefault(why, []).append(where[i])
         if limit and len(problems) >= limit:
             break
     return problems
 
 
-def load_problems(cfg: DataConfig, split: str | None = None) -> Loaded:
-    """Problems of `cfg.name` for `split` (default: cfg.split, or the alias' own split)."""
+def load_problems(cfg: DataConfig, split: str | None = None, flag: str = "data.name") -> Loaded:
+    """Problems of `cfg.name` for `split` (default: cfg.split, or the alias' own split). flag: the option that
+    names the dataset in the asking command ('--dataset' for eval), for the fix in a hub error."""
     name = cfg.name
     if name == "arith":
         problems = arith_problems(cfg.arith, split or cfg.split or "train")
-        return Loaded(problems[: cfg.limit] if cfg.limit else problems)
-    answer_fn, skipped, where = None, {}, None
+        return Loaded(problems[: cfg.limit] if cfg.limit else problems, origin="builtin:arith")
+    answer_fn, where, source = None, None, name  # source: what the rows were read from, for the skip report
     problem_key, answer_key = cfg.problem_key, cfg.answer_key
     path = Path(name).expanduser()
+    bad: list[str] = []  # where the unreadable lines are
+    file, hub, warnings = None, name, []  # the file read (None: hub id `hub`), one-line warnings for the caller
     if path.is_file():
         rows, bad, where = _read_file(path)
-        if bad:
-            skipped["unreadable row"] = bad
+        file = path
     elif name in ALIASES:
         spec = ALIASES[name]
-        local = _local_alias(name, split or spec.split)
-        rows, bad, where = _read_file(local) if local else (_read_hub(spec.path, spec.subset, split or spec.split), 0, None)
-        if bad:
-            skipped["unreadable row"] = bad
+        rows, bad, where, file, warnings = _alias_rows(name, split, flag)
+        source, hub = str(file or spec.path), spec.path + (f" ({spec.subset})" if spec.subset else "")
         if rows and spec.problem_key in rows[0] and spec.answer_key in rows[0]:  # the hub's own columns
             problem_key, answer_key, answer_fn = spec.problem_key, spec.answer_key, spec.answer_fn
         else:  # a prepared {problem, answer} copy
@@ -225,7 +229,7 @@ def load_problems(cfg: DataConfig, split: str | None = None) -> Loaded:
     elif path.suffix in (".jsonl", ".json", ".parquet", ".csv") or name.startswith((".", "/", "~")):
         raise UserError(f"dataset file not found: {name} (data.name / --dataset; relative paths start from {Path.cwd()})")
     else:
-        rows = _read_hub(name, cfg.subset, split or cfg.split or "train")
+        rows = read_hub(name, cfg.subset, split or cfg.split or "train", name, flag)
     if not rows:
         raise UserError(f"dataset {name} has no rows; {ROW_HELP}")
     where = where or [f"row {i}" for i in range(len(rows))]
@@ -235,7 +239,10 @@ def load_problems(cfg: DataConfig, split: str | None = None) -> Loaded:
             raise UserError(  # repr: a stray byte-order mark, space or control character in a name shows
                 f"dataset {name} has no column {key!r} (columns: {', '.join(map(repr, columns))}); set {option} to the right one"
             )
+    skipped = {"unreadable row": bad} if bad else {}  # reason -> where each such row is
     problems = _problems(name, rows, where, problem_key, answer_key, answer_fn, cfg.limit, skipped)
+    counts = {why: len(places) for why, places in skipped.items()}
     if not problems:
-        raise UserError(f"dataset {name}: every row was skipped ({skipped}); check data.problem_key / data.answer_key")
-    return Loaded(problems, skipped)
+        raise UserError(f"dataset {name}: every row was skipped ({counts}); check data.problem_key / data.answer_key")
+    where_skipped = {why: positions(source, places) for why, places in skipped.items()}
+    return Loaded(problems, counts, where_skipped, warnings=warnings, **origin(name, file, hub))

@@ -22,14 +22,14 @@ import torch
 
 from thinkrl.config import Config, DataConfig, PromptConfig
 from thinkrl.config.load import load_config
-from thinkrl.data import build_prompts, load_problems
+from thinkrl.data import Loaded, build_prompts, fit_context, load_problems, model_context
 from thinkrl.errors import UserError
 from thinkrl.evaluation.metrics import answer_classes, outcomes, summarise, zero_reason
 from thinkrl.evaluation.settings import EvalSettings, check_resume, check_sample_count, resolve_settings, versions
 from thinkrl.evaluation.writes import check_output, writing
 from thinkrl.models import eos_ids, load_base, resolve_dtype, resolve_path
 from thinkrl.rollout.completions import Request, Sampling
-from thinkrl.rollout.engines import Engine, make_engine
+from thinkrl.rollout.engines import Engine, check_engine, make_engine
 from thinkrl.run.atomic import write_atomic
 from thinkrl.run.checkpoint import checkpoint_step
 from thinkrl.run.console import console, progress, shown
@@ -93,36 +93,49 @@ def eval_dataset(
     """Evaluate one dataset into out_dir, holding out_dir's lock (thinkrl/run/lock.py) while writing it: a second
     eval into the same directory fails in one line naming this one, instead of both appending samples. run_dir:
     the training run this evaluation runs in (None: thinkrl eval), for the message of a failed write."""
-    lock = DirLock(out_dir, "evaluation", elsewhere="another --output")
-    with writing(lock.path, out_dir, run_dir):
-        lock.acquire()
+    loaded = _load(s, data_cfg, "eval.datasets")
+    lock = _locked(out_dir, run_dir)
     try:
-        return _eval_dataset(model, tok, s, data_cfg, out_dir, pool, engine, run_dir)
+        return _eval_dataset(model, tok, s, loaded, out_dir, pool, engine, run_dir)
     finally:
         lock.release()
 
 
-def _eval_dataset(
-    model, tok, s: EvalSettings, data_cfg: DataConfig, out_dir: Path, pool, engine: Engine, run_dir: Path | None = None
-) -> dict:
-    """Generate with `engine`, grade and summarise one dataset into out_dir (resuming what is already there)."""
-    loaded = load_problems(replace(data_cfg, name=s.dataset, limit=s.limit), eval_split(s))
+def _locked(out_dir: Path, run_dir: Path | None) -> DirLock:
+    """out_dir's lock (thinkrl/run/lock.py), taken; a lock file that cannot be made is one line (writes.py)."""
+    lock = DirLock(out_dir, "evaluation", elsewhere="another --output")
+    with writing(lock.path, out_dir, run_dir):
+        lock.acquire()
+    return lock
+
+
+def _load(s: EvalSettings, data_cfg: DataConfig, flag: str) -> Loaded:
+    """The problems of s.dataset; a warning line per doubt about them (a benchmark copy with the wrong row count)."""
+    loaded = load_problems(replace(data_cfg, name=s.dataset, limit=s.limit), eval_split(s), flag=flag)
+    for line in loaded.warnings:
+        console.print(f"[yellow]warning: {shown(line)}[/]", soft_wrap=True)  # one line, however long the path
+    return loaded
+
+
+def _eval_dataset(model, tok, s: EvalSettings, loaded: Loaded, out_dir: Path, pool, engine: Engine, run_dir: Path | None = None) -> dict:
+    """Generate with `engine`, grade and summarise one dataset (its `loaded` problems) into out_dir (resuming what
+    is already there)."""
     prompt_cfg = PromptConfig(template=s.template, system=s.system, instruction=s.instruction)
     prompts, _ = build_prompts(loaded.problems, tok, prompt_cfg, max_tokens=10**9)
     out_dir.mkdir(parents=True, exist_ok=True)
-    settings = {**asdict(s), "dtype": str(next(model.parameters()).dtype).replace("torch.", ""), "engine_used": engine.name}
+    settings = {**asdict(s), "dataset_source": loaded.origin, "dataset_sha256": loaded.sha256}  # the file read, and its hash
+    settings |= {"dtype": str(next(model.parameters()).dtype).replace("torch.", ""), "engine_used": engine.name}
     check_resume(out_dir, settings)
     with writing(out_dir / "settings.json", out_dir, run_dir):
         write_atomic(out_dir / "settings.json", json.dumps(settings, indent=2))
     log = JsonlLog(out_dir / "samples.jsonl")
     prior = read_jsonl(log.path) if log.path.exists() else []  # a resumed problem's new samples join its answer classes
     done = {(r["id"], r["sample"]) for r in prior}
-    context = getattr(model.config, "max_position_embeddings", None) or 10**9
-    too_long = [p for p in prompts if len(p.ids) >= context]  # no room for a single new token: skipped, counted
+    context = model_context(model.config, tok) or 10**9
+    prompts, too_long = fit_context(prompts, context, room=1)  # no room for a single new token: skipped, counted
     if too_long:
-        loaded.skipped["prompt fills the context"] = len(too_long)
-        console.print(f"[yellow]warning: {shown(s.dataset)}: {len(too_long)} prompts fill the model's {context}-token context; skipped[/]")
-        prompts = [p for p in prompts if len(p.ids) < context]
+        loaded.skipped["prompt fills the context"] = too_long
+        console.print(f"[yellow]warning: {shown(s.dataset)}: {too_long} prompts fill the model's {context}-token context; skipped[/]")
     todo = [p for p in sorted(prompts, key=lambda p: len(p.ids)) if any((p.id, k) not in done for k in range(s.n))]
     eos = eos_ids(model, tok)
     # a call decodes CHUNK_SLOTS x the engine's slots of requests (its slots refill within a call); written per call
@@ -241,16 +254,17 @@ def evaluate(s: EvalSettings, datasets: list[str], output: Path | None, cfg: Con
     from thinkrl import accel
     from thinkrl.verifier import VerifierPool
 
+    check_engine(s.engine, "--engine")  # a bad name or a missing vLLM: before anything loads
     accel.process_start()  # as train does
     found = find_checkpoint(s.model)
     run_cfg = load_config(found[0] / "config.yaml") if found else None
     if found:
         s = replace(s, checkpoint=str(found[1]), checkpoint_step=checkpoint_step(found[1]))
     base = cfg or run_cfg or Config()
-    plan = []  # (settings, output directory) per dataset, checked before any model loads
+    plan = []  # (settings, output directory, problems) per dataset, checked before any model loads
     for name in datasets or [base.data.name]:
         settings = resolve_settings(replace(s, dataset=name), base)
-        loaded = load_problems(replace(base.data, name=settings.dataset, limit=settings.limit), eval_split(settings))  # files, columns
+        loaded = _load(settings, base.data, "--dataset")  # files, columns
         check_sample_count(settings, len(loaded.problems))
         stem = Path(settings.dataset).stem
         if output is not None:
@@ -258,14 +272,18 @@ def evaluate(s: EvalSettings, datasets: list[str], output: Path | None, cfg: Con
         else:
             out_dir = found[0] / "eval" / f"step-{s.checkpoint_step}" / stem if found else Path("eval") / stem
         check_output(out_dir)
-        plan.append((settings, out_dir))
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    model, tok, _ = load_for_eval(s.model, s.adapter, device)
-    path = str(found[1] / "model") if found and (found[1] / "model").is_dir() else resolve_path(run_cfg.model.name if run_cfg else s.model)
-    engine = make_engine(s.engine, device, s.batch_size, s.max_new_tokens or 0, model_path=path)
+        plan.append((settings, out_dir, loaded))
     summaries = []
-    with VerifierPool() as pool, contextlib.closing(engine):
-        for settings, out_dir in plan:
-            summaries.append(eval_dataset(model, tok, settings, base.data, out_dir, pool, engine))
-            console.print(f"written: {shown(out_dir)}/summary.json, {shown(out_dir)}/samples.jsonl")
+    with contextlib.ExitStack() as held:
+        for out_dir in dict.fromkeys(d for _, d, _ in plan):  # before the model loads: a second eval into one output fails at once
+            held.callback(_locked(out_dir, None).release)
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        model, tok, _ = load_for_eval(s.model, s.adapter, device)
+        saved = found and (found[1] / "model").is_dir()  # a full-weights checkpoint
+        path = str(found[1] / "model") if saved else resolve_path(run_cfg.model.name if run_cfg else s.model)
+        engine = make_engine(s.engine, device, s.batch_size, s.max_new_tokens or 0, "--engine", model_path=path)
+        with VerifierPool() as pool, contextlib.closing(engine):
+            for settings, out_dir, loaded in plan:
+                summaries.append(_eval_dataset(model, tok, settings, loaded, out_dir, pool, engine))
+                console.print(f"written: {shown(out_dir)}/summary.json, {shown(out_dir)}/samples.jsonl")
     return summaries

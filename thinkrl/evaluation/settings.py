@@ -2,7 +2,8 @@
 
 Every choice that changes a number is explicit and recorded: a preset names a standard protocol and each of
 its settings can be overridden flag by flag; settings.json and summary.json store the resolved settings and
-package versions, and a rerun into the same output with other settings is refused rather than mixed in.
+package versions, and a rerun into the same output with other settings, or with other data under the same
+dataset name (the sha256 of the file read differs), is refused rather than mixed in.
 
 Presets:
   greedy     T=0, n=1, 3,000 new tokens, Qwen-Math system prompt asking for a \\boxed{} answer (Dr.GRPO/oat)
@@ -97,8 +98,13 @@ def resolve_settings(s: EvalSettings, cfg: Config) -> EvalSettings:
         raise UserError(f"--n {out.n}: at most {MAX_EVAL_N} samples per problem ({EVAL_N_WHY})")
     if not 0 <= out.seed <= MAX_SEED:  # each batch's generator is seeded with seed * 1,000,003 + batch: it must fit 64 bits
         raise UserError(f"--seed must be in [0, {MAX_SEED}] (a 32-bit seed), got {short(out.seed)}")
-    if out.n < 1 or out.max_new_tokens < 1 or not 0 < out.top_p <= 1 or out.temperature < 0:
-        raise UserError("--n and --max-new-tokens must be >= 1, --top-p in (0, 1], --temperature >= 0")
+    for bad, flag, rule in (
+        (out.n < 1, "--n", ">= 1 (samples per problem)"),
+        (out.max_new_tokens < 1, "--max-new-tokens", ">= 1 (the completion budget in tokens)"),
+        (not 0 < out.top_p <= 1, "--top-p", "in (0, 1] (1 = off)"),
+    ):
+        if bad:  # each flag named with its bound and the value given (or the preset's)
+            raise UserError(f"{flag} must be {rule}, got {short(getattr(out, flag[2:].replace('-', '_')))}")
     if out.n > 1 and out.temperature == 0:
         if s.temperature is None:  # n samples of a greedy preset would be n copies: sample as `reasoning` does
             out = replace(out, temperature=PRESETS["reasoning"]["temperature"], top_p=s.top_p or PRESETS["reasoning"]["top_p"])
@@ -140,6 +146,12 @@ def check_resume(out_dir: Path, settings: dict) -> None:
         k = diff[0]
         raise UserError(
             f"{out_dir} holds samples made with {k}={old.get(k)!r} (now {settings.get(k)!r}); use a new --output to evaluate other settings"
+        )
+    if "dataset_sha256" in old and old["dataset_sha256"] != settings.get("dataset_sha256"):  # older outputs recorded no hash
+        was, now = (f"{d.get('dataset_source')} (sha256 {str(d.get('dataset_sha256'))[:12]})" for d in (old, settings))
+        raise UserError(
+            f"{out_dir} holds samples of {was}, but {settings.get('dataset')} now reads {now}: other data; "
+            "use a new --output (or restore that file)"
         )
     if old.get("limit") != settings.get("limit"):
         console.print(f"note: --limit changed from {old.get('limit')} to {settings.get('limit')}; finished samples are kept")

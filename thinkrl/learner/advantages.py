@@ -6,7 +6,9 @@
 
 A group whose rewards are all equal carries no signal: every estimator gives exactly 0 there, and the
 fraction of such groups is reported as frac_reward_zero_std. A group of one gets A = R (verl's rule:
-mean 0, std 1), except rloo, which needs G >= 2.
+mean 0, std 1), except rloo, which needs G >= 2. Every estimator here is group-relative, so a training run
+refuses rollout.group_size=1 before anything loads (thinkrl/config/load.py `resolve`): with no other completion
+to compare with, it would train on the raw reward without a baseline, silently.
 """
 
 from __future__ import annotations

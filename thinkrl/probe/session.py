@@ -23,7 +23,7 @@ from thinkrl.models import eos_ids, load_policy, load_tokenizer, resolve_path
 from thinkrl.probe.measure import ProbeSettings, Rollouts, check_method, directions, run_replicates, stale_steps
 from thinkrl.rollout.collect import RolloutContext, RolloutPlan, StepSamples, collect
 from thinkrl.rollout.completions import Completions
-from thinkrl.rollout.engines import engine_for_run
+from thinkrl.rollout.engines import check_engine, engine_for_run
 from thinkrl.rollout.policy_copy import PolicySampler
 from thinkrl.run.checkpoint import load_weights_into
 from thinkrl.run.console import console, progress
@@ -39,10 +39,11 @@ def run_probe(cfg: Config, ps: ProbeSettings, checkpoint: Path | None = None) ->
     run's checkpoint to start from (its weights on cfg's model)."""
     for name in ps.methods:
         check_method(get_method(name))
+    check_engine(cfg.rollout.engine)  # a missing vLLM: before the model loads
     t0 = time.perf_counter()
     tok = load_tokenizer(resolve_path(cfg.model.name))
     prompts, _ = setup.prepare_data(cfg, tok)
-    rewards = RewardSet(cfg.reward.functions)
+    rewards = RewardSet(cfg.reward.functions, cfg.reward.max_failure_share)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     setup.reseed(ps.seed, 0, device)  # the LoRA init, as a run with train.seed = ps.seed
     policy, tok = load_policy(cfg.model, device)

@@ -74,7 +74,13 @@ class RolloutPlan:
         sampling = Sampling(r.max_new_tokens, r.temperature, r.top_p, r.top_k, r.min_new_tokens)
         rounds = (r.dynamic_sampling, r.max_sampling_rounds)
         return cls(
-            sampling, r.group_size, r.prompts_per_step, *rounds, cfg.reward.overlong_buffer, cfg.reward.overlong_penalty, cfg.train.seed
+            sampling,
+            r.group_size,
+            r.prompts_per_step,
+            *rounds,
+            cfg.reward.overlong_tokens(r.max_new_tokens),  # reward.overlong_buffer may be a fraction of the budget
+            cfg.reward.overlong_penalty,
+            cfg.train.seed,
         )
 
 

@@ -51,9 +51,22 @@ def progress() -> Progress:
 
 def step_line(m: dict[str, Any], total: int) -> str:
     """One readable console line per step. grad_norm and the share of groups whose rewards were all equal
-    (no signal: zero advantages) are the first things to read when a run learns nothing."""
-    return (
-        f"step {m['step']:>4}/{total}  reward {m['reward/mean']:.3f}  zero-std groups {m['frac_reward_zero_std']:.2f}  "
-        f"loss {m['loss']:+.4f}  grad_norm {m['grad_norm']:.3f}  entropy {m['entropy']:.3f}  len {m['length/mean']:.1f}  "
-        f"gen {m['time/generate']:.1f}s upd {m['time/update']:.1f}s  {m['tokens/s']:.0f} tok/s"
-    )
+    (no signal: zero advantages) are the first things to read when a run learns nothing. A step that ran no
+    update (dynamic sampling kept no group) says so instead of showing numbers it did not measure; grader and
+    reward-function calls that failed and scored 0 (below the share that stops the run) are counted at the end."""
+    if "sampling/rounds" in m and "update/optimizer_steps" not in m:
+        why = "no group had" if not m.get("sampling/kept_groups") else "a process kept no group with"
+        line = (
+            f"step {m['step']:>4}/{total}  nothing trained: {why} a reward spread after {m['sampling/rounds']:.0f} sampling "
+            f"round(s) ({m['sampling/dropped_groups']:.0f} groups dropped)  gen {m['time/generate']:.1f}s"
+        )
+    else:
+        line = (
+            f"step {m['step']:>4}/{total}  reward {m['reward/mean']:.3f}  zero-std groups {m['frac_reward_zero_std']:.2f}  "
+            f"loss {m['loss']:+.4f}  grad_norm {m['grad_norm']:.3f}  entropy {m['entropy']:.3f}  len {m['length/mean']:.1f}  "
+            f"gen {m['time/generate']:.1f}s upd {m['time/update']:.1f}s  {m['tokens/s']:.0f} tok/s"
+        )
+    failed = {k: m.get(f"verifier/{k}", 0) for k in ("errors", "timeouts", "crashes")}
+    if sum(failed.values()):
+        line += f"  failed calls scored 0: {', '.join(f'{v:.0f} {k}' for k, v in failed.items() if v)}"
+    return line

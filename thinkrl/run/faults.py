@@ -20,6 +20,7 @@ from thinkrl.config import Config
 from thinkrl.errors import UserError
 from thinkrl.run import checkpoint
 from thinkrl.run.console import console
+from thinkrl.run.resume import makes_the_run, resume_command
 from thinkrl.verifier.shielded import STOP_SIGNALS
 
 
@@ -63,7 +64,7 @@ def nonfinite_message(cfg: Config, step: int, streak: int, run_dir: Path, dtype:
         f"step {step}: the loss or gradient was NaN/inf in every update of the last {streak} steps "
         f"(train.max_nonfinite_steps={tc.max_nonfinite_steps}), so those updates were skipped and training stopped; "
         f"checkpoint step-{step} holds the last good weights. Likely causes: {'; '.join(causes)}. "
-        f"Continue with: thinkrl train --resume {run_dir} -o train.lr={lower}"
+        f"Continue with: {resume_command(run_dir, '-o', f'train.lr={lower}')}"
     )
 
 
@@ -97,9 +98,11 @@ def out_of_memory_message(cfg: Config, step: int, phase: str, run_dir: Path) -> 
         "evaluation": [("eval.max_new_tokens", cfg.eval.max_new_tokens or r.max_new_tokens)],
     }.get(phase, [("rollout.batch_size", r.batch_size), ("rollout.max_new_tokens", r.max_new_tokens)])
     key, value = next(((k, v) for k, v in first if v > 1), first[-1])
+    # a shorter rollout.max_new_tokens changes what is sampled: a resume takes it only with --allow-changes
+    smaller = ["-o", f"{key}={max(1, value // 2)}", *(["--allow-changes"] if makes_the_run(key) else [])]
     return (
         f"step {step}: out of GPU memory during the {phase}; {kept}. Settings that lower memory (now): {knobs}. "
-        f"Continue with a smaller one: thinkrl train --resume {run_dir} -o {key}={max(1, value // 2)}"
+        f"Continue with a smaller one: {resume_command(run_dir, *smaller)}"
     )
 
 
@@ -133,7 +136,7 @@ def cannot_write(e: BaseException, path: Path, run_dir: Path, started: bool) -> 
     fix = f"Make {run_dir} writable again" if refused else f"Free space on that disk (or move {run_dir} to a disk with room)"
     return (
         f"cannot write {path} ({reason}{room}); {kept} and metrics.jsonl keeps the steps logged so far. "
-        f"{fix}, then continue with: thinkrl train --resume {run_dir}"
+        f"{fix}, then continue with: {resume_command(run_dir)}"
     )
 
 

