@@ -47,10 +47,9 @@ RUN_HERE = {
 }
 NOT_HERE = {
     "train my_run.yaml --output-dir runs/mine": "trains Qwen/Qwen2.5-Math-1.5B, a hub model",
-    "train examples/qwen_math_lora/config.yaml --output-dir runs/qwen-math-lora": "trains Qwen/Qwen2.5-Math-1.5B, a hub model",
     "train --method dapo --model Qwen/Qwen2.5-Math-1.5B --dataset data/train.jsonl -o rollout.max_new_tokens=3000": "a hub model",
     "train --resume runs/mine -o train.steps=600": "continues the Qwen run above (test_bundled_slow.py resumes a bundled-model run)",
-    "eval --model runs/qwen-math-lora --dataset aime24,aime25 --preset reasoning --n 16": "evaluates the Qwen run above",
+    "eval --model runs/mine --dataset aime24,aime25 --preset reasoning --n 16": "evaluates the Qwen run above",
     "eval --model Qwen/Qwen2.5-Math-1.5B --dataset aime24 --preset greedy --json": "a hub model",
 }
 
