@@ -28,6 +28,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+import machine  # noqa: E402  (bench/machine.py)
 
 
 def lengths(budget: int, n: int, seed: int = 0) -> list[int]:
@@ -184,6 +186,7 @@ def main() -> None:
     text = [
         "# Generation engines on the CPU",
         "",
+        f"Machine: {machine.describe(machine.machine(env))}.",
         f"Command: `{command}` ({time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPU cores, fresh process per row).",
         "SmolLM2-135M-Instruct in float32, 64 slots, one warm-up call, then one timed call. Modes: see the script's docstring.",
         "",

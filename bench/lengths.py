@@ -8,12 +8,11 @@ of each length is computed from this machine's measured matmul peak and copy ban
 
 from __future__ import annotations
 
-import os
-import platform
 import sys
 import time
 from pathlib import Path
 
+import machine
 import roofline
 
 
@@ -73,11 +72,12 @@ def write(a, lengths: list[int], trainers: list[str], results: dict) -> None:
                 f"| {T} | {t} | {s['n']} | {s['step_s']:.2f} | {s['generate_s']:.2f} | {s['update_s']:.2f} | {s['peak_mb']:.0f} "
                 f"| {step_vs} | {rss_vs} | {floor:.2f} | {floor / s['step_s']:.0%} |"
             )
+    m = machine.machine()
     text = "\n".join(
         [
-            "# thinkrl vs TRL GRPOTrainer by completion length",
+            f"# thinkrl vs TRL GRPOTrainer by completion length ({machine.label(m)})",
             "",
-            f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; torch {torch.__version__}.",
+            f"Machine: {machine.describe(m)}.",
             f"Command: `python bench/bench_trl.py {' '.join(sys.argv[1:])}` ({time.strftime('%Y-%m-%d')}); "
             f"{a.prompts} prompts x {a.group} completions per step, fixed-length completions, both trainers on their "
             "default memory settings.",

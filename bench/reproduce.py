@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import machine  # noqa: E402
 from repro_claims import CLAIMS  # noqa: E402
 from repro_report import HEADER, SEEDS_NEEDED, write_report  # noqa: E402
 
@@ -103,6 +104,7 @@ def provenance() -> dict:
         "git_dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
         # torch's threads in the runs (OMP_NUM_THREADS, else one per core): summation order, so the last bits, depend on it
         "threads": int(os.environ.get("OMP_NUM_THREADS") or os.cpu_count() or 1),
+        "machine": machine.machine(),  # CPU model and the ISA torch and oneDNN ran at (bench/machine.py)
     }
 
 

@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import machine
 import roofline
 
 NOTES = """Notes. Each run is a fresh subprocess (its own peak RSS); the driver alternates thinkrl and TRL, and every run
@@ -58,11 +59,13 @@ def scaling(a, worker, summarise) -> None:
             f"| {T} | {G} | {s['tokens']:.0f} | {s['step_s']:.1f} | {s['generate_s']:.1f} | {s['update_s']:.1f} | "
             f"{1000 * s['update_s'] / s['tokens']:.2f} | {s['peak_mb']:.0f} |"
         )
+    m = machine.machine()
     text = (
         "\n".join(
             [
-                "# thinkrl scaling (training pass)",
+                f"# thinkrl scaling (training pass; {machine.label(m)})",
                 "",
+                f"Machine: {machine.describe(m)}.",
                 f"Command: `python bench/bench_trl.py {' '.join(sys.argv[1:])}`.",
                 "",
                 *lines,
@@ -89,15 +92,12 @@ def report(a, runs: dict[str, list[dict]], settings, summarise) -> None:
     params = sum(p.numel() for p in model.parameters())
     stats = {t: summarise(r) for t, r in runs.items()}
     errors = {t: [r["error"] for r in rs if "error" in r] for t, rs in runs.items()}
-    device = (
-        torch.cuda.get_device_name()
-        if torch.cuda.is_available()
-        else f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores"
-    )
+    m = machine.machine()
+    device = f"{torch.cuda.get_device_name()}; host {machine.describe(m)}" if torch.cuda.is_available() else machine.describe(m)
     lines = [
-        "# thinkrl vs TRL GRPOTrainer",
+        f"# thinkrl vs TRL GRPOTrainer ({machine.label(m)})",
         "",
-        f"Machine: {device}; torch {torch.__version__}; python {platform.python_version()}.",
+        f"Machine: {device}; python {platform.python_version()}.",
         f"Settings: {json.dumps(settings(a))}.",
         f"Command: `{_env_prefix()}python bench/bench_trl.py {' '.join(sys.argv[1:])}` ({time.strftime('%Y-%m-%d')}).",
         "",
