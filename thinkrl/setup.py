@@ -26,7 +26,7 @@ from thinkrl.learner.logprobs import PolicyLogProbs
 from thinkrl.learner.update import UpdateContext
 from thinkrl.methods import Method
 from thinkrl.models import load_base, load_policy, load_tokenizer, parameter_counts, resolve_path
-from thinkrl.rollout.engines import Engine, check_engine, engine_for_run
+from thinkrl.rollout.engines import Engine, check_engine, describe_path, engine_for_run
 from thinkrl.rollout.policy_copy import PolicySampler
 from thinkrl.run import checkpoint, faults, resume
 from thinkrl.run.atomic import write_atomic
@@ -180,6 +180,9 @@ def prepare(cfg: Config, method: Method, accelerator, run_dir: Path, ckpt: Path 
         _use_config_hyperparameters(optimizer, scheduler, tc, total_updates)
         console.print(f"resuming {run_dir} from {ckpt.name}")
     engine = engine_for_run(cfg, device)
+    path = describe_path(engine, sampler.model)  # auto's choice, and whether lean's fused decoder runs this model
+    console.print(f"sampling: {shown(path.line())}", soft_wrap=True)
+    report["sampling"] = path.record()  # config.yaml keeps rollout.engine as written; data_report.json what it became
     return Setup(policy, tok, method, prompts, report, learner, sampler, engine, seed_pool, start, rewards)
 
 

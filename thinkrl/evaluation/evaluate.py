@@ -29,7 +29,7 @@ from thinkrl.evaluation.settings import EvalSettings, check_resume, check_sample
 from thinkrl.evaluation.writes import check_output, writing
 from thinkrl.models import eos_ids, load_base, resolve_dtype, resolve_path
 from thinkrl.rollout.completions import Request, Sampling
-from thinkrl.rollout.engines import Engine, check_engine, make_engine
+from thinkrl.rollout.engines import Engine, check_engine, describe_path, make_engine
 from thinkrl.run.atomic import write_atomic
 from thinkrl.run.checkpoint import checkpoint_step
 from thinkrl.run.console import console, progress, shown
@@ -125,6 +125,7 @@ def _eval_dataset(model, tok, s: EvalSettings, loaded: Loaded, out_dir: Path, po
     out_dir.mkdir(parents=True, exist_ok=True)
     settings = {**asdict(s), "dataset_source": loaded.origin, "dataset_sha256": loaded.sha256}  # the file read, and its hash
     settings |= {"dtype": str(next(model.parameters()).dtype).replace("torch.", ""), "engine_used": engine.name}
+    settings["sampling"] = describe_path(engine, model).record()  # the decoder too: lean may fall back (docs/engines.md)
     check_resume(out_dir, settings)
     with writing(out_dir / "settings.json", out_dir, run_dir):
         write_atomic(out_dir / "settings.json", json.dumps(settings, indent=2))
@@ -282,6 +283,7 @@ def evaluate(s: EvalSettings, datasets: list[str], output: Path | None, cfg: Con
         saved = found and (found[1] / "model").is_dir()  # a full-weights checkpoint
         path = str(found[1] / "model") if saved else resolve_path(run_cfg.model.name if run_cfg else s.model)
         engine = make_engine(s.engine, device, s.batch_size, s.max_new_tokens or 0, "--engine", model_path=path)
+        console.print(f"sampling: {shown(describe_path(engine, model).line())}", soft_wrap=True)
         with VerifierPool() as pool, contextlib.closing(engine):
             for settings, out_dir, loaded in plan:
                 summaries.append(_eval_dataset(model, tok, settings, loaded, out_dir, pool, engine))

@@ -11,13 +11,16 @@ softmax), and the top-K / entropy of that distribution when asked for.
     transformers  hf.py: transformers' own continuous batching with a paged KV cache (generate_batch)
     vllm          vllm.py: vLLM in-process (the optional extra thinkrl[vllm]), weights pushed after each update
 
-`rollout.engine: auto` (and `thinkrl eval --engine auto`) picks by device and budget: see `pick`.
+`rollout.engine: auto` (and `thinkrl eval --engine auto`) picks by device and budget: see `pick`. `describe_path`
+says which engine a run samples with, chosen how, and for lean whether the fused decoder or the reference loop
+decodes its model and why: the startup line of train and eval, and their records (data_report.json, settings.json).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
 import torch
@@ -47,6 +50,8 @@ class Engine:
     """One per run (or eval); `generate` samples with `model`, the sampling copy of the policy."""
 
     name: ClassVar[str] = ""
+    chosen: str = ""  # how the engine was chosen, e.g. "auto on a CPU" (make_engine; describe_path)
+    setting: str = "rollout.engine"  # what the user chose it with, for describe_path's hint
 
     def __init__(self, slots: int = 64, **options: Any) -> None:
         self.slots = slots  # completions decoded together
@@ -123,14 +128,65 @@ def make_engine(
 ) -> Engine:
     """The engine `name` (auto: `pick`) decoding `slots` completions together (`setting`: see check_engine)."""
     check_engine(name, setting)
+    asked = name
     if name == "auto":
         name = pick(device, max_new_tokens)
     if name == "lean":
-        return LeanEngine(slots, **options)
-    if name == "transformers":
+        engine: Engine = LeanEngine(slots, **options)
+    elif name == "transformers":
         from thinkrl.rollout.engines.hf import TransformersEngine
 
-        return TransformersEngine(slots, **options)
-    from thinkrl.rollout.engines.vllm import VLLMEngine
+        engine = TransformersEngine(slots, **options)
+    else:
+        from thinkrl.rollout.engines.vllm import VLLMEngine
 
-    return VLLMEngine(slots, **options)
+        engine = VLLMEngine(slots, **options)
+    engine.setting = setting
+    engine.chosen = f"set by {setting}" if asked != "auto" else _auto_reason(device)
+    return engine
+
+
+def _auto_reason(device: torch.device) -> str:
+    if device.type == "cpu":
+        return "auto on a CPU"
+    if device.type != "cuda":
+        return f"auto on {device.type}"
+    return "auto on a GPU, vLLM installed" if _vllm_installed() else "auto on a GPU without vLLM"
+
+
+@dataclass(frozen=True)
+class SamplingPath:
+    """What samples a run's completions: the engine, how it was chosen, what decodes, and (the reference loop)
+    why the lean decoder does not."""
+
+    engine: str  # lean | transformers | vllm
+    chosen: str  # "auto on a CPU", "set by rollout.engine", ...
+    decoder: str  # lean: "fused decoder" or "reference loop"; the other engines decode their own way
+    why: str = ""  # the reference loop: each condition of the lean decoder the model fails, and what else runs it
+
+    def line(self) -> str:
+        said = f"engine {self.engine} ({self.chosen}): {self.decoder}"
+        return f"{said}, {self.why}" if self.why else said
+
+    def record(self) -> dict[str, str]:
+        return asdict(self)
+
+
+DECODERS = {"transformers": "transformers' paged continuous batching", "vllm": "vLLM"}
+
+
+def describe_path(engine: Engine, model) -> SamplingPath:
+    """The path `engine` samples `model` (the sampling copy, as the engine is given it) on. The lean engine falls
+    back to the reference loop (reference.py) for a model its fused decoder does not cover: said here, with the
+    decoder's own reason (LeanDecoder.why_not) and the engine that runs any architecture batched."""
+    if engine.name != "lean":
+        return SamplingPath(engine.name, engine.chosen, DECODERS.get(engine.name, engine.name))
+    from thinkrl.rollout.engines.lean_decoder import LeanDecoder
+
+    why = LeanDecoder.why_not(model)
+    if why is None:
+        return SamplingPath("lean", engine.chosen, "fused decoder")
+    on_gpu = next(model.parameters()).device.type == "cuda"
+    other = "vllm" if on_gpu and _vllm_installed() else "transformers"
+    said = f"{engine.setting} {other}" if engine.setting.startswith("--") else f"{engine.setting}={other}"
+    return SamplingPath("lean", engine.chosen, "reference loop", f"{why}; {said} batches any architecture continuously")

@@ -1,9 +1,11 @@
-"""The lean decoder: Llama-shaped models (Llama, SmolLM2, Qwen2 without sliding windows) run over slots.
+"""The lean decoder: Llama-shaped models (Llama, SmolLM2, Qwen2 and Qwen3 without sliding windows) run over slots.
 
 Decoding a small batch reads every weight once per token; what a transformers forward adds on top is
 Python: module calls, hooks, mask building, cache classes, separate q/k/v and gate/up matmuls. This module
 runs the same arithmetic as the transformers forward in one loop over the layers: q/k/v fused into one
-matmul and gate/up into another, the model's own rotary embedding and RMSNorm weights.
+matmul and gate/up into another, the model's own rotary embedding and RMSNorm weights. Qwen3 adds an RMSNorm
+over each query and key head before the rotary embedding (q_norm, k_norm): applied to the fused q/k/v output
+before the attention, so the C kernel (which rotates) and the torch path both get normed heads.
 
 Key/value storage is per slot (slot_storage.py): a finished row's slot is refilled in place by `prefill`
 with a new sequence, and storage follows the longest live row, not the budget. `release()` frees it (before
@@ -29,7 +31,23 @@ from thinkrl.accel.decode_kernel import DecodeStep
 from thinkrl.accel.packed import PackedLinear
 from thinkrl.rollout.engines.slot_storage import SlotStorage
 
-SUPPORTED = ("LlamaForCausalLM", "Qwen2ForCausalLM")
+SUPPORTED = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+
+
+def _sliding_window(c) -> int | None:
+    """The window a config's attention slides over: Qwen2 and Qwen3 switch theirs on with use_sliding_window,
+    Mistral's applies whenever set."""
+    return getattr(c, "sliding_window", None) if getattr(c, "use_sliding_window", True) else None
+
+
+# what the fused loop assumes of a config beyond its architecture, one row each: (what a refusal says of the
+# value, how to read it, the values the loop runs)
+ASSUMED = (
+    ("activation {} (it runs silu)", lambda c: getattr(c, "hidden_act", None), ("silu",)),
+    ("mlp_bias={} (it runs MLPs without biases)", lambda c: bool(getattr(c, "mlp_bias", False)), (False,)),
+    ("pretraining_tp={} (it runs 1)", lambda c: getattr(c, "pretraining_tp", None) or 1, (1,)),
+    ("a sliding window of {} tokens (it runs full attention)", _sliding_window, (None,)),
+)
 
 
 def _fuse(modules, name: str = "weight") -> Tensor | None:
@@ -58,6 +76,7 @@ class _Layer(NamedTuple):
     norm2: Tensor
     w_gate_up: Tensor
     w_down: Tensor
+    qk_norm: tuple[Tensor, Tensor] | None  # Qwen3's per-head q and k RMSNorm weights (D,); None for Llama, Qwen2
 
 
 class LeanDecoder:
@@ -71,15 +90,18 @@ class LeanDecoder:
 
     @staticmethod
     def supports(model) -> bool:
-        c = model.config
-        return (
-            type(model).__name__ in SUPPORTED
-            and getattr(c, "hidden_act", None) == "silu"
-            and not getattr(c, "mlp_bias", False)
-            and getattr(c, "pretraining_tp", 1) in (None, 1)
-            and not getattr(c, "use_sliding_window", False)
-            and not any(p.requires_grad for p in model.parameters())  # a frozen sampling copy, never the trainee
-        )
+        return LeanDecoder.why_not(model) is None
+
+    @staticmethod
+    def why_not(model) -> str | None:
+        """Why the fused loop does not decode `model` (None: it does): every condition it fails, for the run's
+        startup line (engines.describe_path)."""
+        name = type(model).__name__
+        why = [] if name in SUPPORTED else [f"{name} is not in the lean decoder (it covers {', '.join(SUPPORTED)})"]
+        why += [say.format(value) for say, read, runs in ASSUMED if (value := read(model.config)) not in runs]
+        if any(p.requires_grad for p in model.parameters()):  # _fuse would rewire the trainee's weights
+            why.append("it samples with the trained policy itself, not a frozen copy (full fine-tuning, rollout.precision=same)")
+        return "; ".join(why) or None
 
     def __init__(self, model) -> None:
         c, body = model.config, model.model
@@ -100,6 +122,7 @@ class LeanDecoder:
                     layer.post_attention_layernorm.weight,
                     _fuse([m.gate_proj, m.up_proj]),
                     m.down_proj.weight,
+                    (a.q_norm.weight, a.k_norm.weight) if hasattr(a, "q_norm") else None,
                 )
             )
         self.kv = SlotStorage(len(self.layers), self.Hk, self.D)
@@ -140,6 +163,13 @@ class LeanDecoder:
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return weight * h.to(x.dtype)
 
+    def _norm_heads(self, qkv: Tensor, q_weight: Tensor, k_weight: Tensor) -> None:
+        """Qwen3's q_norm and k_norm: RMSNorm over each query and key head's D values of qkv (n, L, Hq + 2 Hk, D),
+        written in place, before the rotation (the transformers forward norms, then rotates)."""
+        q, k = qkv[:, :, : self.Hq], qkv[:, :, self.Hq : self.Hq + self.Hk]
+        q.copy_(self._norm(q, q_weight))
+        k.copy_(self._norm(k, k_weight))
+
     def _rotated(self, qkv: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """q (n, Hq, L, D), k and v (n, Hk, L, D) from a layer's qkv (n, L, Hq + 2 Hk, D), q and k rotated by
         the rotary tables cos, sin (n, L, D)."""
@@ -160,6 +190,8 @@ class LeanDecoder:
         mix = attention(*self.body.rotary_emb(x, positions))
         for i, (layer, (qkv_proj, o_proj, gate_up, down)) in enumerate(zip(self.layers, self.linears)):
             qkv = qkv_proj(self._norm(x, layer.norm1)).view(n, L, self.Hq + 2 * self.Hk, self.D)
+            if layer.qk_norm is not None:
+                self._norm_heads(qkv, *layer.qk_norm)
             x += o_proj(mix(i, qkv))  # in place: no autograd here, x is this pass's own tensor
             gate, up = gate_up(self._norm(x, layer.norm2)).chunk(2, dim=-1)
             x += down(F.silu(gate) * up)
