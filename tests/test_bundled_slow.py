@@ -56,7 +56,9 @@ def test_every_method_trains_two_steps(method, tmp_path):
     invoke(["train", "--method", method, "-o", "train.steps=2", "--output-dir", str(out), *SMALL])
     metrics = read_jsonl(out / "metrics.jsonl")
     assert [m["step"] for m in metrics] == [1, 2]
-    assert all(m["loss"] == m["loss"] and abs(m["loss"]) < 1e6 for m in metrics)  # finite
+    for m in metrics:  # finite, or (dynamic sampling kept no group: the untrained model rarely has a reward spread) not measured
+        empty = m.get("sampling/kept_groups") == 0
+        assert m["loss"] == "nan" if empty else (isinstance(m["loss"], float) and abs(m["loss"]) < 1e6), m
 
 
 def test_fp8_rollouts_show_a_mismatch_that_same_precision_does_not(tmp_path):
