@@ -245,11 +245,6 @@ def test_an_option_parser_error_is_one_line_not_a_panel(args, expected, error_li
         assert "'bogus' is not one of 'auto', 'lean', 'transformers', 'vllm'" in line, line
 
 
-def test_help_still_exits_0_through_the_entry_point(monkeypatch, capsys):
-    monkeypatch.setattr(sys, "argv", ["thinkrl", "train", "--help"])
-    with pytest.raises(SystemExit) as exit_:
-        run()
-    assert exit_.value.code == 0 and "--config" in capsys.readouterr().out
 
 
 def test_a_missing_vllm_is_named_before_the_model_loads(tmp_path, tiny_model_dir, error_line, monkeypatch):
@@ -281,24 +276,3 @@ def test_a_config_named_twice_is_refused(tmp_path, error_line):
     for command in ("train", "config"):
         line = error_line([command, str(a), "--config", str(b)])
         assert line == f"error: {a} and --config {b}: name one config file (CONFIG or --config CONFIG)", line
-
-
-def test_debug_shows_the_traceback_and_its_cause(tmp_path, monkeypatch):
-    plugins = tmp_path / "plugins"
-    plugins.mkdir()
-    write(plugins / "bad.py", "raise RuntimeError('boom at import')\n")
-    monkeypatch.setattr(sys, "argv", ["thinkrl", "--debug", "methods", "--plugins", str(plugins)])
-    with pytest.raises(UserError, match="failed to import") as err:
-        run()
-    assert isinstance(err.value.__cause__, RuntimeError)  # the plugin's own traceback is chained
-
-
-def test_a_multi_line_message_is_printed_on_one_line(monkeypatch, capsys):
-    def fail(*args, **kwargs):
-        raise UserError("first line\n  second line\n")
-
-    monkeypatch.setattr("thinkrl.methods.available_methods", fail)
-    monkeypatch.setattr(sys, "argv", ["thinkrl", "methods"])
-    with pytest.raises(SystemExit) as exit_:
-        run()
-    assert exit_.value.code == 2 and capsys.readouterr().err == "error: first line second line\n"
