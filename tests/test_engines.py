@@ -282,10 +282,10 @@ def test_the_sampling_path_names_the_fused_decoder_for_a_llama(model):
 @pytest.mark.parametrize(
     ("arch", "changes", "reason"),
     [
-        ("mistral", {"sliding_window": 16}, "MistralForCausalLM is not in the lean decoder (it covers LlamaForCausalLM, "),
-        ("mistral", {"sliding_window": 16}, "; a sliding window of 16 tokens (it runs full attention)"),
-        ("qwen3", {"use_sliding_window": True, "sliding_window": 16}, "a sliding window of 16 tokens"),
-        ("llama", {"hidden_act": "gelu"}, "activation gelu (it runs silu)"),
+        ("starcoder2", {}, "Starcoder2ForCausalLM is not in the lean decoder (it covers LlamaForCausalLM, "),
+        ("mistral", {"rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}}, "rope_type dynamic (its tables"),
+        ("qwen3", {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}}, "partial_rotary"),
+        ("llama", {"hidden_act": "gelu"}, "activation gelu (it runs silu or gelu_pytorch_tanh)"),
         ("llama", {"mlp_bias": True}, "mlp_bias=True (it runs MLPs without biases)"),
         ("llama", {"pretraining_tp": 2}, "pretraining_tp=2 (it runs 1)"),
     ],
@@ -293,15 +293,12 @@ def test_the_sampling_path_names_the_fused_decoder_for_a_llama(model):
 def test_the_sampling_path_names_why_the_reference_loop_decodes(arch, changes, reason):
     """Under rollout.engine=auto on a CPU a model the lean decoder does not cover goes through the reference
     loop: the description says so, names the condition it fails, and the engine that batches any architecture."""
-    from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen3Config, Qwen3ForCausalLM
+    import transformers
 
     from thinkrl.rollout.engines import describe_path
 
-    classes = {
-        "llama": (LlamaConfig, LlamaForCausalLM),
-        "mistral": (MistralConfig, MistralForCausalLM),
-        "qwen3": (Qwen3Config, Qwen3ForCausalLM),
-    }
+    names = {"llama": "Llama", "mistral": "Mistral", "qwen3": "Qwen3", "starcoder2": "Starcoder2"}
+    classes = {k: (getattr(transformers, f"{v}Config"), getattr(transformers, f"{v}ForCausalLM")) for k, v in names.items()}
     path = describe_path(make_engine("auto", torch.device("cpu"), 8, 64), _tiny(*classes[arch], **changes))
     assert path.decoder == "reference loop" and reason in path.why
     assert path.line().startswith("engine lean (auto on a CPU): reference loop, ")

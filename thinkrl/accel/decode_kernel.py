@@ -44,15 +44,17 @@ class DecodeStep:
     """The attention calls of one decode step (one per layer): each stores the new keys and values and
     attends. The positions, rotary tables, scratch and checks are prepared once per step, not once per layer."""
 
-    def __init__(self, positions: Tensor, cos: Tensor, sin: Tensor, key_heads: int, group: int) -> None:
+    def __init__(self, positions: Tensor, cos: Tensor, sin: Tensor, key_heads: int, group: int, scale: float | None = None) -> None:
         """positions (n,): where each row's new token goes (it then attends to positions + 1 stored
-        positions); cos, sin (n, D): its rotary tables; `group` query heads share each of the `key_heads`."""
+        positions); cos, sin (n, D): its rotary tables; `group` query heads share each of the `key_heads`;
+        scores are scaled by `scale` (None: 1 / sqrt(D))."""
         self.positions = positions.to(device="cpu", dtype=torch.long).contiguous()  # (n,)
         n, D = cos.shape
         assert sin.shape == cos.shape and len(self.positions) == n and int(self.positions.min()) >= 0
         assert D % 2 == 0, "the rotate-half rotary embedding needs an even head dim"
         self.cos, self.sin = cos.float().contiguous(), sin.float().contiguous()
         self.Hk, self.G, self.D = key_heads, group, D
+        self.scale = D**-0.5 if scale is None else scale
         self.longest = int(self.positions.max()) + 1
         self.scratch = torch.empty(n * key_heads * group * (D + self.longest))  # rotated queries, softmax rows
         self.fn = load()
@@ -71,7 +73,7 @@ class DecodeStep:
         ptr = ctypes.c_void_p
         self.fn(
             ptr(qkv.data_ptr()), ptr(self.cos.data_ptr()), ptr(self.sin.data_ptr()), ptr(keys.data_ptr()), ptr(values.data_ptr()),
-            ptr(out.data_ptr()), ptr(self.positions.data_ptr()), n, Hk, G, D, keys.shape[2], keys.stride(0), D**-0.5,
+            ptr(out.data_ptr()), ptr(self.positions.data_ptr()), n, Hk, G, D, keys.shape[2], keys.stride(0), self.scale,
             ptr(self.scratch.data_ptr()), self.longest,
         )  # fmt: skip
         return out
