@@ -29,6 +29,7 @@ from thinkrl.models import load_base, load_policy, load_tokenizer, parameter_cou
 from thinkrl.rollout.engines import Engine, check_engine, describe_path, engine_for_run
 from thinkrl.rollout.policy_copy import PolicySampler
 from thinkrl.run import checkpoint, faults, resume
+from thinkrl.run.agreement import AgreementCheck, comparison_dtype
 from thinkrl.run.atomic import write_atomic
 from thinkrl.run.console import console, shown
 from thinkrl.run.lock import DirLock
@@ -49,6 +50,7 @@ class Setup:
     seed_pool: Any  # thinkrl.rollout.seeds.SeedPool or None
     start: int  # steps already done (resume)
     rewards: RewardSet  # reward.functions, imported and checked
+    agreement: AgreementCheck  # does the engine sample what the trainer scores (thinkrl/run/agreement.py)
 
 
 def reseed(seed: int, step: int, device: torch.device, rank: int = 0) -> torch.Generator:
@@ -160,7 +162,9 @@ def prepare(cfg: Config, method: Method, accelerator, run_dir: Path, ckpt: Path 
     reseed(cfg.train.seed, 0, device)  # the loop's rule: the LoRA init is part of the run's seed
     policy, tok = load_policy(cfg.model, device)
     trainable, total = parameter_counts(policy)
-    console.print(f"model: {cfg.model.name} on {device}, {trainable:,} of {total:,} parameters trainable")
+    console.print(
+        f"model: {cfg.model.name} on {device} in {weight_dtypes(policy)}, {trainable:,} of {total:,} parameters trainable", soft_wrap=True
+    )
     tc, rc = cfg.train, cfg.rollout
     params = [p for p in policy.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=tc.lr, betas=tuple(tc.adam_betas), weight_decay=tc.weight_decay)
@@ -179,11 +183,22 @@ def prepare(cfg: Config, method: Method, accelerator, run_dir: Path, ckpt: Path 
         start = checkpoint.checkpoint_step(ckpt)  # trainer_state.json agrees with it (intact.verify)
         _use_config_hyperparameters(optimizer, scheduler, tc, total_updates)
         console.print(f"resuming {run_dir} from {ckpt.name}")
-    engine = engine_for_run(cfg, device)
+    engine = engine_for_run(cfg, device, sampler.model)  # refused here for a model the engine would sample wrongly
     path = describe_path(engine, sampler.model)  # auto's choice, and whether lean's fused decoder runs this model
     console.print(f"sampling: {shown(path.line())}", soft_wrap=True)
     report["sampling"] = path.record()  # config.yaml keeps rollout.engine as written; data_report.json what it became
-    return Setup(policy, tok, method, prompts, report, learner, sampler, engine, seed_pool, start, rewards)
+    agreement = AgreementCheck(cfg, path.engine, path.decoder, comparison_dtype(sampler.model))
+    return Setup(policy, tok, method, prompts, report, learner, sampler, engine, seed_pool, start, rewards, agreement)
+
+
+def weight_dtypes(policy) -> str:
+    """The dtype the weights are in (model.dtype; auto is bfloat16 on CUDA), and the trainable ones' where it
+    differs: peft keeps LoRA adapters in float32 over a bfloat16 base."""
+    frozen = {str(p.dtype).removeprefix("torch.") for p in policy.parameters() if not p.requires_grad}
+    trained = {str(p.dtype).removeprefix("torch.") for p in policy.parameters() if p.requires_grad}
+    if not frozen or not trained or frozen == trained:
+        return ", ".join(sorted(frozen | trained))
+    return f"{', '.join(sorted(frozen))} (trainable parameters {', '.join(sorted(trained))})"
 
 
 def open_run_dir(

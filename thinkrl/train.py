@@ -220,6 +220,7 @@ def _step(run: _Run, step: int, pool) -> tuple[dict, dict]:
         prompt_ids = [p.ids for p in samples.prompts for _ in range(G)]
         upd = update(s.learner, RolloutBatch(prompt_ids, comp, adv.to(run.accelerator.device), G), generator)
     t3 = time.perf_counter()
+    s.agreement.check(step + 1, upd)  # the engine against the trainer: warns once on a gap rounding cannot explain
 
     # 5. evaluate (eval.every), log
     evals = {}

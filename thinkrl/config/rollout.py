@@ -51,6 +51,10 @@ class RolloutConfig:
     anything but 'same' creates a measurable rollout/trainer mismatch (logged as mismatch/*)."""
     staleness: int = 0
     """Sample with the policy of this many training steps ago (0 = the current one): controlled off-policy data."""
+    agreement_every: int = 10
+    """Check on step 1 and every N steps after that the engine's behaviour log-probs equal the trainer's where they must
+    agree to rounding (no staleness, top_p, top_k, min_new_tokens or fp8); a gap past the dtype's threshold warns
+    once and is logged as mismatch/agreement_gap (docs/runs.md); 0 = never."""
     batch_size: int = 64
     """Completions decoded together: the engine's slots (lean: refilled as rows finish; vLLM: max_num_seqs)."""
     engine: Literal["auto", "lean", "transformers", "vllm"] = "auto"
@@ -74,6 +78,7 @@ class RolloutConfig:
             (0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}"),
             (self.top_k >= 0, f"top_k must be >= 0 (0 = off), got {self.top_k}"),
             (self.staleness >= 0, f"staleness must be >= 0 (0 = sample with the current policy), got {self.staleness}"),
+            (self.agreement_every >= 0, f"agreement_every must be >= 0 (0 = never check), got {self.agreement_every}"),
             (self.batch_size >= 1, f"batch_size must be >= 1, got {self.batch_size}"),
             (self.max_sampling_rounds >= 1, f"max_sampling_rounds must be >= 1, got {self.max_sampling_rounds}"),
         )

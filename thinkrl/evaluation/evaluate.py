@@ -282,7 +282,7 @@ def evaluate(s: EvalSettings, datasets: list[str], output: Path | None, cfg: Con
         model, tok, _ = load_for_eval(s.model, s.adapter, device)
         saved = found and (found[1] / "model").is_dir()  # a full-weights checkpoint
         path = str(found[1] / "model") if saved else resolve_path(run_cfg.model.name if run_cfg else s.model)
-        engine = make_engine(s.engine, device, s.batch_size, s.max_new_tokens or 0, "--engine", model_path=path)
+        engine = make_engine(s.engine, device, s.batch_size, s.max_new_tokens or 0, "--engine", model, model_path=path)
         console.print(f"sampling: {shown(describe_path(engine, model).line())}", soft_wrap=True)
         with VerifierPool() as pool, contextlib.closing(engine):
             for settings, out_dir, loaded in plan:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -65,6 +65,7 @@ class _Step:
     tokens: int = 0
     updates: int = 0
     skipped: int = 0
+    agree: dict[str, Tensor] = field(default_factory=dict)  # |log rho| sum and count over tokens scored with the sampler's weights
 
 
 def update(ctx: UpdateContext, rb: RolloutBatch, generator: torch.Generator) -> dict[str, float]:
@@ -213,7 +214,11 @@ def _micro_loss(ctx: UpdateContext, st: _Step, rows: Tensor, num_tokens: int, nu
     # the sampler against the trainer: pi_old, or this forward's logp when pi_old is the sampler itself
     trainer_logp = logp.detach() if cfg.train.old_policy == "sampler" else old_logp
     sampled_now = mask if batch.prefix_mask is None else mask & ~batch.prefix_mask  # not historical prefixes
-    metrics = {**metrics, **correction.mismatch_stats(trainer_logp, behav, sampled_now)}
+    stats = correction.mismatch_stats(trainer_logp, behav, sampled_now)
+    metrics = {**metrics, **stats}
+    if cfg.train.old_policy != "sampler" or st.updates == 0:  # trainer_logp is of the weights that sampled: no update yet
+        _add(st.agree, "_agree_sum", stats["mismatch/abs_log_ratio"] * sampled_now.sum())
+        _add(st.agree, "_agree_tokens", sampled_now.sum())
     if batch.is_weights is not None:
         metrics["correction/weight_mean"] = masked_mean(batch.is_weights, mask)
         metrics["correction/zero_frac"] = masked_mean(batch.is_weights == 0, mask)
@@ -222,10 +227,10 @@ def _micro_loss(ctx: UpdateContext, st: _Step, rows: Tensor, num_tokens: int, nu
 
 def _metrics(ctx: UpdateContext, st: _Step, step_metrics: dict[str, Tensor]) -> dict[str, float]:
     """The step's update metrics: loss and grad_norm per applied update, the rest token-weighted over ranks."""
-    sums = {k: float(v) for k, v in st.sums.items()}  # the one host sync for the metrics
+    sums = {k: float(v) for k, v in {**st.sums, **st.agree}.items()}  # the one host sync for the metrics
     shared = {k: sums.pop(k) for k in ("loss", "grad_norm") if k in sums}  # already equal on every rank
     sums = distributed.sum_dicts({**sums, "_tokens": float(st.tokens)})  # token-weighted sums of all ranks
-    tokens = sums.pop("_tokens")
+    tokens, agree_sum, agree_tokens = (sums.pop(k, 0.0) for k in ("_tokens", "_agree_sum", "_agree_tokens"))
     out = {**{k: v / st.updates for k, v in shared.items()}, **{k: v / max(tokens, 1) for k, v in sums.items()}}
     out.update(distributed.mean_dicts({k: float(v) for k, v in step_metrics.items()}))
     if st.skipped and not st.updates:  # nothing applied: show the failure, not a clean 0.0
@@ -233,6 +238,8 @@ def _metrics(ctx: UpdateContext, st: _Step, step_metrics: dict[str, Tensor]) -> 
     out["update/optimizer_steps"] = st.updates
     out["update/skipped_nonfinite"] = st.skipped
     out["lr"] = ctx.scheduler.get_last_lr()[0]
+    if agree_tokens:  # the sampler/trainer agreement check keeps it on the steps it checks (thinkrl/run/agreement.py)
+        out["mismatch/agreement_gap"] = agree_sum / agree_tokens
     return out
 
 

@@ -50,7 +50,7 @@ def run_probe(cfg: Config, ps: ProbeSettings, checkpoint: Path | None = None) ->
     if checkpoint is not None:
         load_weights_into(policy, checkpoint)
     params = [p for p in policy.parameters() if p.requires_grad]
-    engine = engine_for_run(cfg, device)
+    engine = engine_for_run(cfg, device, policy)
     sampler = PolicySampler(policy, cfg.rollout.precision)
     plan, pad, temperature = RolloutPlan.from_config(cfg), tok.pad_token_id, cfg.rollout.temperature
     needs_old_entropy = any("old_entropy" in get_method(n).requires for n in ps.methods)

