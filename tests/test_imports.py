@@ -66,7 +66,8 @@ ALLOWED: dict[str, set[str]] = {
         "setup",
         "verifier",
     },
-    "preview": {"config", "errors", "methods", "settings"},  # thinkrl config: a train command's config, before it runs
+    # thinkrl config: a train command's config, before it runs; train --dry-run: its engine path and memory, no weights
+    "preview": {"accel", "config", "data", "errors", "forward", "learner", "methods", "models", "rollout", "settings", "setup"},
     "cli": {"config", "errors", "evaluation", "methods", "preview", "probe", "run", "settings", "study", "train"},
     "__main__": {"cli"},
     "__init__": set(),

@@ -65,6 +65,7 @@ def train(
     plugins: Path | None = typer.Option(None, "--plugins", help="Directory of extra method files."),
     recipe: str | None = typer.Option(None, "--recipe", help=RECIPE_HELP),
     no_recipe: bool = typer.Option(False, "--no-recipe", help="Same as --recipe none."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the sampling path and peak memory by part; load no weights."),
 ) -> None:
     """Train a policy with GRPO-family RL. With no arguments: bundled model, built-in arithmetic, grpo.
 
@@ -97,6 +98,10 @@ def train(
             raise UserError(f"--resume {resume} continues a {trained} run; drop --method {method} (or start a new run with it)")
     shorthands = {"method.name": method, "model.name": model, "data.name": dataset, "output_dir": str(output_dir) if output_dir else None}
     cfg = load_config(config, override, recipe=recipe_flag(recipe, no_recipe), **shorthands)
+    if dry_run:
+        from thinkrl.preview.dry_run import dry_run as preview_run
+
+        return preview_run(cfg)
     run_train(cfg, resume=resume is not None, allow_changes=allow_changes)
 
 
