@@ -245,8 +245,6 @@ def test_an_option_parser_error_is_one_line_not_a_panel(args, expected, error_li
         assert "'bogus' is not one of 'auto', 'lean', 'transformers', 'vllm'" in line, line
 
 
-
-
 def test_a_missing_vllm_is_named_before_the_model_loads(tmp_path, tiny_model_dir, error_line, monkeypatch):
     monkeypatch.setattr("thinkrl.rollout.engines._vllm_installed", lambda: False)  # as in the main venv, wherever this runs
     monkeypatch.setattr("thinkrl.setup.load_tokenizer", lambda *a: pytest.fail("the model loaded"))
