@@ -35,6 +35,7 @@ RUN_HERE = {
     "config --method ctpo": "config --method ctpo",
     "config my_run.yaml": "config my_run.yaml",  # the README's own my_run.yaml (a hub model: previewed, never loaded)
     "methods grpo": "methods grpo",
+    "train --dry-run -o rollout.max_new_tokens=1024": "train --dry-run -o rollout.max_new_tokens=1024",
     "eval --model runs/try": "eval --model runs/try --limit 3 --max-new-tokens 16",
     "plot runs/a runs/b --out fig.png --smooth 5": "plot runs/a runs/b --out fig.png --smooth 5",
     "compare runs/a runs/b": "compare runs/a runs/b",
@@ -101,6 +102,7 @@ def test_the_readme_commands_on_the_bundled_model_run(tmp_path):
     assert "method.name = 'ctpo'" in outputs["config --method ctpo"]
     assert "model.name = 'Qwen/Qwen2.5-Math-1.5B'  (my_run.yaml:" in outputs["config my_run.yaml"]
     assert outputs["methods grpo"].startswith("GRPO")
+    assert "sampling: engine lean (auto on a CPU): fused decoder" in outputs["train --dry-run -o rollout.max_new_tokens=1024"]
     summary = json.loads((tmp_path / "runs" / "try" / "eval" / "step-2" / "arith" / "summary.json").read_text())
     assert summary["problems"] == 3
     assert (tmp_path / "fig.png").stat().st_size > 0

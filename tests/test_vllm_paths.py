@@ -2,9 +2,9 @@
 family of tests/families.py.
 
 A GPU trains in bfloat16 (model.dtype auto) and its vLLM samples in the trainer's dtype (rollout.precision
-same); the rest of the vLLM suite runs float32. Each family trains one step with vLLM sampling, which loads
-the family's checkpoint into vLLM and pushes the merged LoRA weights into it, and the run's
-mismatch/abs_log_ratio compares vLLM's log-probs with the trainer's own. Skipped where vLLM does not import.
+same); the rest of the vLLM suite runs float32. Each family trains two steps with vLLM sampling, which loads
+the family's checkpoint into vLLM and pushes the merged LoRA weights into it (the run's mismatch/* and the
+agreement check compare vLLM's log-probs with the trainer's own), then evaluates the run on vLLM. Skipped where vLLM does not import.
 """
 
 from __future__ import annotations
@@ -71,13 +71,18 @@ def test_train_and_eval_in_bfloat16_on_vllm(tmp_path, monkeypatch, vllm_dtypes):
 @pytest.mark.vllm
 @pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed")
 @pytest.mark.parametrize("family", FAMILIES)
-def test_each_family_trains_with_vllm_sampling(family, tmp_path, vllm_dtypes):
+def test_each_family_trains_and_evaluates_with_vllm(family, tmp_path, vllm_dtypes):
     out = tmp_path / "run"
-    said = invoke(tiny_args(build_family(family, tmp_path / "model"), out, 1, "-o", "rollout.engine=vllm", *BUDGET)).output
+    said = invoke(tiny_args(build_family(family, tmp_path / "model"), out, 2, "-o", "rollout.engine=vllm", *BUDGET)).output
     assert "sampling: engine vllm (set by rollout.engine): vLLM" in said, said
-    (m,) = read_jsonl(out / "metrics.jsonl")
-    assert math.isfinite(m["loss"]) and m["mismatch/abs_log_ratio"] < 1e-3, m  # float32: vLLM's log-probs are the trainer's
-    assert vllm_dtypes == [torch.float32]
+    metrics = read_jsonl(out / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == [1, 2] and all(math.isfinite(m["loss"]) for m in metrics), metrics
+    assert all(m["mismatch/abs_log_ratio"] < 1e-3 for m in metrics), metrics  # float32: vLLM's log-probs are the trainer's
+    assert metrics[0]["mismatch/agreement_gap"] < 1e-3 and "sampler and trainer disagree" not in said  # checked, passed
+    said = invoke(["eval", "--model", str(out), "--limit", "2", "--max-new-tokens", "4", "--engine", "vllm"]).output
+    assert "sampling: engine vllm (set by --engine): vLLM" in said, said
+    assert len(read_jsonl(out / "eval" / "step-2" / "arith" / "samples.jsonl")) == 2
+    assert vllm_dtypes == [torch.float32, torch.float32]
 
 
 @pytest.mark.parametrize("head", [False, True], ids=["vllm-model-without-lm_head", "vllm-model-with-lm_head"])
