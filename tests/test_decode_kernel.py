@@ -140,3 +140,14 @@ def test_loading_the_kernel_leaves_denormal_floats_alone():
     tiny = torch.tensor([1e-39])  # a float32 denormal
     assert decode_kernel.load() is not None
     assert (tiny * 0.5).item() != 0.0
+
+
+def test_the_held_avx2_mode_builds_the_kernel_without_avx512(monkeypatch):
+    """bench_trl.py --isa avx2 holds torch and oneDNN at AVX2 on an AVX-512 CPU; the kernel must be held too, or
+    the bench measures an AVX-512 decode kernel beside AVX2 matmuls (the flags are part of the build's cache key)."""
+    from thinkrl.accel import decode_kernel
+
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
+    assert decode_kernel._march() == ["-march=native"]
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
+    assert decode_kernel._march() == ["-march=native", "-mno-avx512f"]

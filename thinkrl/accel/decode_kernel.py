@@ -6,7 +6,8 @@ that read is the floor, and SDPA took 1.5-3x as long (docs/benchmarks.md). The k
 embedding and stores the new key and value. Each row's output depends on its own keys alone, so a row decodes
 to the same bits whatever shares its step; against SDPA it differs by summation order (~3e-7).
 
-Built by native.py once per source, compiler and CPU (-march=native; $CC, else cc or gcc). Threads: OpenMP,
+Built by native.py once per source, compiler, flags and CPU (-march=native, without AVX-512 under
+ATEN_CPU_CAPABILITY=avx2; $CC, else cc or gcc). Threads: OpenMP,
 only when the process already runs torch's libgomp (a second OpenMP runtime would fight it for the cores),
 else one thread. Where it cannot be built the decoder uses SDPA and says so once; THINKRL_DECODE_KERNEL=0
 turns the kernel off.
@@ -98,9 +99,16 @@ def _cpu_id() -> str:
     return "\n".join(next((x for x in lines if x.startswith(key)), "") for key in ("model name", "flags", "Features"))
 
 
+def _march() -> list[str]:
+    """-march=native, held to AVX2 where torch is (ATEN_CPU_CAPABILITY=avx2 on an AVX-512 CPU: the held-ISA mode of
+    bench/bench_trl.py --isa avx2), so that the kernel runs the code an AVX2-only CPU would."""
+    held = os.environ.get("ATEN_CPU_CAPABILITY", "").lower() == "avx2"
+    return ["-march=native", "-mno-avx512f"] if held else ["-march=native"]
+
+
 def _build_and_load():
     omp = _openmp_flag()
-    flags = ["-O3", "-march=native", "-ffast-math", *omp]
+    flags = ["-O3", *_march(), "-ffast-math", *omp]
     lib = native.build(
         "decode attention kernel", "THINKRL_DECODE_KERNEL=0", SOURCE, native.compiler("CC", "cc", "gcc"), flags, [*omp, "-lm"], [_cpu_id()]
     )
