@@ -23,6 +23,17 @@ def tiny_plain_model_dir(tmp_path_factory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("tiny-plain"), chat=False)
 
 
+@pytest.fixture(scope="session")
+def checkpointed_run(tiny_model_dir, tmp_path_factory) -> Path:
+    """A two-step run of the tiny model with a checkpoint after each step (step-1, step-2). Shared: copy it before
+    changing it."""
+    from test_cli_e2e import invoke, tiny_args
+
+    out = tmp_path_factory.mktemp("checkpointed") / "run"
+    invoke(tiny_args(tiny_model_dir, out, 2, "-o", "train.save_every=1"))
+    return out
+
+
 @pytest.fixture
 def accel_on(monkeypatch):
     """For tests of the CPU speed-ups themselves (thinkrl/accel): on, even in a THINKRL_ACCEL=0 run of the suite."""

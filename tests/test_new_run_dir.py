@@ -8,7 +8,7 @@ import shutil
 import pytest
 from test_cli_e2e import tiny_args
 from test_faults import error_line, run_cli
-from test_resume_guard import base_run, run  # noqa: F401  (fixtures)
+from test_resume_guard import run  # noqa: F401  (the fixture: a copy of conftest.py's checkpointed_run)
 
 from thinkrl.errors import UserError
 from thinkrl.run import resume

@@ -19,18 +19,10 @@ def pasted(text: str, after: str) -> list[str]:
     return shlex.split(text.split(after, 1)[1].splitlines()[0])
 
 
-@pytest.fixture(scope="module")
-def checkpointed(tiny_model_dir, tmp_path_factory) -> Path:
-    """Two steps, a checkpoint after each."""
-    out = tmp_path_factory.mktemp("base") / "run"
-    invoke(tiny_args(tiny_model_dir, out, 2, "-o", "train.save_every=1"))
-    return out
-
-
 @pytest.fixture
-def spaced_run(checkpointed, tmp_path) -> Path:
+def spaced_run(checkpointed_run, tmp_path) -> Path:
     out = tmp_path / "my run's dir"
-    shutil.copytree(checkpointed, out)
+    shutil.copytree(checkpointed_run, out)
     return out
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 from test_atomic_writes import config_for, fail_after_half
-from test_cli_e2e import invoke, tiny_args
+from test_cli_e2e import invoke
 from test_faults import COMPARED, error_line, run_cli
 
 from thinkrl.config.load import all_keys
@@ -25,18 +25,10 @@ from thinkrl.run.jsonl import read_jsonl
 from thinkrl.settings import save_config
 
 
-@pytest.fixture(scope="module")
-def base_run(tiny_model_dir, tmp_path_factory) -> Path:
-    """Two steps, a checkpoint after each (step-1, step-2)."""
-    out = tmp_path_factory.mktemp("base") / "run"
-    invoke(tiny_args(tiny_model_dir, out, 2, "-o", "train.save_every=1"))
-    return out
-
-
 @pytest.fixture
-def run(base_run, tmp_path) -> Path:
+def run(checkpointed_run, tmp_path) -> Path:
     out = tmp_path / "run"
-    shutil.copytree(base_run, out)
+    shutil.copytree(checkpointed_run, out)
     return out
 
 
