@@ -55,14 +55,14 @@ def old_policy(model, rb: RolloutBatch, method: Method, cfg: Config, pad_id: int
     if tc.old_policy == "sampler":
         out = OldPolicy(comp.behav_logp, comp.entropy, comp.topk_ids, comp.topk_logp)
         if "token_js" in needs:
-            out.token_js = _token_js(model, rb, method, cfg, pad_id)
+            out.token_js = token_js(model, rb, method, cfg, pad_id)
         return out
     if not needs_pass(method, cfg):
         return OldPolicy()
     K = method.topk_width if needs & {"topk_ids", "topk_old_logp"} else 0
     out = policy_pass(model, rb, cfg, pad_id, "old_entropy" in needs, K)
     if "token_js" in needs:
-        out.token_js = _token_js(model, rb, method, cfg, pad_id)
+        out.token_js = token_js(model, rb, method, cfg, pad_id)
     return out
 
 
@@ -109,7 +109,7 @@ def _each_chunk(model, rb: RolloutBatch, cfg: Config, pad_id: int, fn) -> None:
         visit_distributions(model, prompts, tokens, mask, pad_id, cfg.rollout.temperature, visit)
 
 
-def _token_js(model, rb: RolloutBatch, method: Method, cfg: Config, pad_id: int) -> Tensor:
+def token_js(model, rb: RolloutBatch, method: Method, cfg: Config, pad_id: int) -> Tensor:
     """(B, T) JS divergence of pi_old's distribution at each valid position to the mean distribution over
     the valid positions of the batch (method.js_reference == 'batch') or of the same response ('response')."""
     comp = rb.comp

@@ -10,13 +10,16 @@ from thinkrl.errors import UserError
 
 
 def probe(
-    methods: str = typer.Option("grpo,gspo,cispo", "--methods", help="Comma-separated; the first is the baseline of the comparisons."),
-    replicates: int = typer.Option(200, "--replicates", help="Mini-batches drawn; each method's update is measured on every one."),
-    groups: int = typer.Option(1, "--groups", help="Prompt groups per replicate (sampled for it alone)."),
-    stale_prompts: int = typer.Option(8, "--stale-prompts", help="Prompt groups of the batch the stale grpo steps train on."),
-    stale_updates: int = typer.Option(2, "--stale-updates", help="grpo steps between the sampler (pi_old) and the probed policy."),
-    reference_prompts: int = typer.Option(32, "--reference-prompts", help="Prompt groups of the on-policy reference gradient."),
-    seed: int = typer.Option(0, "--seed"),
+    file: Path | None = typer.Argument(None, help="A probe file (YAML: arms with their parameters, starting run, primary measures)."),
+    methods: str | None = typer.Option(None, "--methods", help="Comma-separated; the first is the baseline [default: grpo,gspo,cispo]."),
+    replicates: int | None = typer.Option(None, "--replicates", help="Mini-batches; every method is measured on each [default: 200]."),
+    groups: int | None = typer.Option(None, "--groups", help="Prompt groups per replicate (sampled for it alone) [default: 1]."),
+    stale_prompts: int | None = typer.Option(None, "--stale-prompts", help="Prompt groups the stale grpo steps train on [default: 8]."),
+    stale_updates: int | None = typer.Option(
+        None, "--stale-updates", help="grpo steps from the sampler to the probed policy [default: 2]."
+    ),
+    reference_prompts: int | None = typer.Option(None, "--reference-prompts", help="Groups of the on-policy reference [default: 32]."),
+    seed: int | None = typer.Option(None, "--seed", help="[default: 0]"),
     start: Path | None = typer.Option(
         None, "--from", help="A run directory (its newest checkpoint) or RUN_DIR/checkpoints/step-N: the starting policy and its config."
     ),
@@ -24,7 +27,9 @@ def probe(
     dataset: str | None = typer.Option(None, "--dataset", help="Dataset (default: the built-in arithmetic task)."),
     config: Path | None = typer.Option(None, "--config", help="A training config file for the shared regime."),
     override: list[str] = typer.Option([], "--override", "-o", help="key=value for the shared regime (repeatable)."),
-    output: Path = typer.Option(Path("probe"), "--output", help="Directory for probe.json and probe.md."),
+    output: Path | None = typer.Option(
+        None, "--output", help="Directory for probe.json and probe.md [default: probe, or probes/NAME for a file]."
+    ),
 ) -> None:
     """What one update of each method does, from one starting point, over paired replicates.
 
@@ -33,19 +38,19 @@ def probe(
     method's gradient on them: its entropy slope, cosine with an on-policy reference gradient, KL slope (away
     from the starting policy), norm and clip fraction, with intervals and Holm-adjusted paired differences
     against the first method."""
-    from thinkrl.probe.measure import ProbeSettings
-    from thinkrl.probe.report import summarise, write
     from thinkrl.probe.session import run_probe
     from thinkrl.run.intact import find_checkpoint
     from thinkrl.settings import load_config, resolve
 
-    names = tuple(m.strip() for m in methods.split(",") if m.strip())
-    if len(names) < 2 or len(set(names)) < len(names):
-        raise UserError(f"--methods {methods}: name two or more distinct methods, e.g. --methods grpo,gspo,cispo")
-    for flag, value, least in (("--replicates", replicates, 2), ("--groups", groups, 1), ("--stale-prompts", stale_prompts, 1),
-                               ("--stale-updates", stale_updates, 0), ("--reference-prompts", reference_prompts, 1)):  # fmt: skip
-        if value < least:
-            raise UserError(f"{flag} {value}: must be >= {least}")
+    flags = {"replicates": replicates, "groups": groups, "stale_prompts": stale_prompts, "stale_updates": stale_updates,
+             "reference_prompts": reference_prompts, "seed": seed}  # fmt: skip
+    taken = [
+        f for f, v in (("--methods", methods), ("--from", start), ("--model", model), ("--dataset", dataset), ("--config", config)) if v
+    ]
+    if file is not None and taken:
+        raise UserError(f"{taken[0]} with a probe file: the file names the arms, the starting run and the regime; drop {taken[0]}")
+    ps, primary, extra, output = _probe_settings(file, methods, flags, output)
+    start = output / "start" if file is not None else start
     shorthands = {"model.name": model, "data.name": dataset}
     ckpt = None
     if start is not None:
@@ -56,14 +61,42 @@ def probe(
             raise UserError("--from takes the model and config of the run; drop --config / --model (-o still applies)")
         run_dir, ckpt = found
         config = run_dir / "config.yaml"
-    cfg = resolve(load_config(config, override, recipe=False, **shorthands))
-    ps = ProbeSettings(names, replicates, groups, stale_prompts, stale_updates, reference_prompts, seed)
+    cfg = resolve(load_config(config, [*extra, *override], recipe=False, **shorthands))
     results, begin = run_probe(cfg, ps, ckpt)
+    _report(output, cfg, ps, primary, results, {"from": str(ckpt) if ckpt else None, **{k: round(v, 4) for k, v in begin.items()}})
+
+
+def _report(output: Path, cfg, ps, primary: tuple[str, ...], results: list, begin: dict) -> None:
+    from thinkrl.probe.measure import as_arm
+    from thinkrl.probe.report import summarise, write
+
+    arms = [as_arm(a) for a in ps.methods]
     setting = {"model": cfg.model.name, "data": cfg.data.name, "group_size": cfg.rollout.group_size, "lr": cfg.train.lr,
-               "groups": groups, "stale_prompts": stale_prompts, "stale_updates": stale_updates, "reference_prompts": reference_prompts,
-               "seed": seed, "from": str(ckpt) if ckpt else None, **{k: round(v, 4) for k, v in begin.items()}}  # fmt: skip
-    summary = summarise(results, list(names))
+               "arms": {a.label: {"method": a.method, **dict(a.params)} for a in arms}, "groups": ps.groups,
+               "stale_prompts": ps.stale_prompts, "stale_updates": ps.stale_updates, "reference_prompts": ps.reference_prompts,
+               "seed": ps.seed, **begin}  # fmt: skip
+    summary = summarise(results, [a.label for a in arms], primary)
     write(output, summary, setting, results)
     for c in summary["comparisons"]:
         print(f"- {c['verdict']}")
     print(f"probe: {output / 'probe.md'} (and probe.json); {begin['seconds']:.0f} s")
+
+
+def _probe_settings(file: Path | None, methods: str | None, flags: dict, output: Path | None):
+    """(settings, primary measures, the file's regime overrides, output directory) from a probe file (whose
+    starting run is trained first if it is not there) or from the flags alone."""
+    from thinkrl.probe.measure import ProbeSettings
+    from thinkrl.probe.spec import load_probe_file, train_start
+
+    for flag, least in (("replicates", 2), ("groups", 1), ("stale_prompts", 1), ("stale_updates", 0), ("reference_prompts", 1)):
+        if flags[flag] is not None and flags[flag] < least:
+            raise UserError(f"--{flag.replace('_', '-')} {flags[flag]}: must be >= {least}")
+    if file is not None:
+        pf = load_probe_file(file)
+        output = output or Path("probes") / pf.name
+        train_start(pf, output / "start")
+        return pf.probe_settings(**flags), pf.primary, list(pf.overrides), output
+    names = tuple(m.strip() for m in (methods or "grpo,gspo,cispo").split(",") if m.strip())
+    if len(names) < 2 or len(set(names)) < len(names):
+        raise UserError(f"--methods {methods}: name two or more distinct methods, e.g. --methods grpo,gspo,cispo")
+    return ProbeSettings(names, **{k: v for k, v in flags.items() if v is not None}), (), [], output or Path("probe")

@@ -14,7 +14,10 @@ gradient g at theta1 on them. Per replicate and method:
 - kl_slope: the same for KL(theta0 || theta), the mean full-vocabulary KL from the starting policy over the
   reference rollouts' positions: does the update move further from pi_old or back towards it (0 when there
   are no stale steps: at theta0 the KL is at its minimum and changes only at second order);
-- clip_frac: the share of tokens the method clipped or masked, when it reports one.
+- clip_frac: the share of tokens the method clipped or masked, when it reports one;
+- entropy_slope_unit: entropy_slope / grad_norm, the entropy change along a step of unit length in the
+  update's direction: methods whose gradients differ in size (ict trains on a tenth of the tokens) compared
+  by where they point, as if each were given the learning rate that moves it as far.
 
 pi_old is the sampler's own log-prob of each token (behav_logp: theta0 sampled in the training precision, so
 they agree to rounding). Every method sees the same replicate, so methods are compared pair by pair.
@@ -25,6 +28,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -35,17 +39,37 @@ from thinkrl.config import Config
 from thinkrl.forward import hidden_states, tempered_logits
 from thinkrl.learner import method_calls
 from thinkrl.learner.advantages import compute_advantages
+from thinkrl.learner.batching import RolloutBatch
 from thinkrl.learner.logprobs import dropout_off, token_logprobs
+from thinkrl.learner.old_policy import token_js
 from thinkrl.methods import Method, get_method
 from thinkrl.rollout.collect import StepSamples
 
-READS = frozenset({"entropy", "old_entropy", "token_ids"})  # what a probed loss may read beyond logp, old_logp, advantages, mask
+READS = frozenset(
+    {"entropy", "old_entropy", "token_ids", "token_js"}
+)  # what a probed loss may read beyond logp, old_logp, advantages, mask
 CLIP_KEYS = ("clip/frac", "mask/frac", "masked/frac")
 
 
 @dataclass(frozen=True)
+class ProbeArm:
+    """One probed update: a method with its own parameters, reported under `label`."""
+
+    label: str
+    method: str
+    params: tuple[tuple[str, Any], ...] = ()
+
+    def build(self) -> Method:
+        return get_method(self.method, **dict(self.params))
+
+
+def as_arm(arm: str | ProbeArm) -> ProbeArm:
+    return arm if isinstance(arm, ProbeArm) else ProbeArm(arm, arm)
+
+
+@dataclass(frozen=True)
 class ProbeSettings:
-    methods: tuple[str, ...]
+    methods: tuple[str | ProbeArm, ...]
     replicates: int = 200
     groups: int = 1  # prompt groups per replicate, sampled for it alone
     stale_prompts: int = 8  # groups of the batch the stale steps train on
@@ -61,7 +85,7 @@ def check_method(method: Method) -> None:
     if extra:
         raise UserError(
             f"thinkrl probe cannot probe {method.name}: its loss reads {', '.join(sorted(extra))}, which the probe does not "
-            f"build (it gives logp, old_logp, behav_logp, advantages, entropy, old_entropy and token ids)"
+            f"build (it gives logp, old_logp, behav_logp, advantages, entropy, old_entropy, token_js and token ids)"
         )
 
 
@@ -73,6 +97,7 @@ class Rollouts:
         self.s, self.pad, self.temperature = samples, pad, temperature
         self.prompt_ids = [p.ids for p in samples.prompts for _ in range(samples.group_size)]
         self.old_logp, self.old_entropy = samples.comp.behav_logp, None  # (B, T)
+        self.old_js: Tensor | None = None  # (B, T) pi_old's JS scores, each replicate's against its own batch
         if old_entropy:
             with torch.no_grad():
                 self.old_entropy = torch.cat([self._padded(self.logprobs(policy, rows, entropy=True).entropy) for rows in self.chunks()])
@@ -106,8 +131,19 @@ class Rollouts:
             token_ids=comp.tokens[rows, :T],
             entropy=entropy,
             old_entropy=self.old_entropy[rows, :T] if self.old_entropy is not None else None,
+            token_js=self.old_js[rows, :T] if self.old_js is not None else None,
             **counts,
         )
+
+    def score_js(self, policy, cfg: Config, method: Method, batches: list[Tensor]) -> None:
+        """pi_old's JS scores (what ict ranks tokens by), each batch of rows against its own mean distribution, as
+        the trainer's pi_old pass scores the batch a loss sees. Run with pi_old's weights (before stale steps)."""
+        comp = self.s.comp
+        self.old_js = torch.zeros(comp.tokens.shape)
+        for rows in batches:
+            rb = RolloutBatch([self.prompt_ids[i] for i in rows.tolist()], comp.select(rows), torch.zeros(len(rows)), self.s.group_size)
+            js = token_js(policy, rb, method, cfg, self.pad)  # (b, T')
+            self.old_js[rows, : js.shape[1]] = js.cpu()
 
     def distribution(self, policy, rows: Tensor) -> Tensor:
         """The tempered next-token log-distribution at each generated position of `rows`.  (n, V)"""
@@ -210,12 +246,13 @@ def reference(policy, params: list[Tensor], ref: Rollouts) -> tuple[Tensor, Tens
     return g_ref, g_h
 
 
-def replicate(policy, params, data: Rollouts, names: list[str], rows: Tensor, d: Directions) -> dict[str, dict]:
+def replicate(policy, params, data: Rollouts, arms: list[str | ProbeArm], rows: Tensor, d: Directions) -> dict[str, dict]:
     """One mini-batch, every method's gradient on it, and what each would do. Each method is built afresh, so a
     controller that begin_step moves (stare's, ais's) starts every replicate in the same state."""
-    methods, out = [get_method(n) for n in names], {}
+    labels = [as_arm(a).label for a in arms]
+    methods, out = [as_arm(a).build() for a in arms], {}
     lp = data.logprobs(policy, rows, entropy=any("entropy" in m.requires for m in methods))
-    for i, m in enumerate(methods):
+    for i, (label, m) in enumerate(zip(labels, methods)):
         batch = data.batch(m, rows, lp.logp, lp.entropy.detach() if lp.entropy is not None else None)
         method_calls.begin_step(m, replace(batch, logp=batch.logp.detach()))
         loss, metrics = method_calls.loss(m, batch)
@@ -224,17 +261,21 @@ def replicate(policy, params, data: Rollouts, names: list[str], rows: Tensor, d:
         cos = float(-(g @ d.g_ref)) / (norm * ref_norm) if norm > 0 and ref_norm > 0 else None  # no update, no direction
         clip = next((float(metrics[k]) for k in CLIP_KEYS if k in metrics), None)
         slopes = {"entropy_slope": float(-(g @ d.g_h)), "kl_slope": float(-(g @ d.g_kl))}
-        out[m.name] = {"grad_norm": norm, "cos_ref": cos, **slopes, "clip_frac": clip}
+        unit = slopes["entropy_slope"] / norm if norm > 0 else None
+        out[label] = {"grad_norm": norm, "cos_ref": cos, **slopes, "clip_frac": clip, "entropy_slope_unit": unit}
     return out
 
 
+def replicate_rows(data: Rollouts, ps: ProbeSettings) -> list[Tensor]:
+    """Replicate r's rows: groups [stale_prompts + r * groups, ...) of the rollouts, each used once."""
+    first = [ps.stale_prompts + r * ps.groups for r in range(ps.replicates)]
+    return [data.group_rows(torch.arange(f, f + ps.groups)) for f in first]
+
+
 def run_replicates(policy, params, data: Rollouts, d: Directions, ps: ProbeSettings, advance) -> list[dict[str, dict]]:
-    """Replicate r: groups [stale_prompts + r * groups, ...) of the rollouts, each used once."""
     results = []
     with dropout_off(policy), accel.update_pass(policy):
-        for r in range(ps.replicates):
-            first = ps.stale_prompts + r * ps.groups
-            rows = data.group_rows(torch.arange(first, first + ps.groups))
+        for rows in replicate_rows(data, ps):
             results.append(replicate(policy, params, data, list(ps.methods), rows, d))
             advance()
     return results

@@ -1,6 +1,8 @@
 """The probe's summary: per method the mean of each measure over replicates with its 95% interval; per method
-against the first one the paired difference (replicates share their mini-batch), Holm-adjusted over every
-(method, measure) test, with the minimum detectable effect. Written as probe.json and probe.md."""
+against the first one the paired difference (replicates share their mini-batch) with the minimum detectable
+effect, Holm-adjusted over the (method, measure) tests of the primary measures (a probe file declares them;
+otherwise every measure is primary). Tests of the other measures are secondary: reported with their
+unadjusted p and marked so. Written as probe.json and probe.md."""
 
 from __future__ import annotations
 
@@ -17,29 +19,39 @@ MEASURES = {
     "kl_slope": "dKL(start || policy)/d(lr) of a plain step along the update (first order)",
     "grad_norm": "norm of the loss gradient",
     "clip_frac": "share of tokens clipped or masked (as the method reports it)",
+    "entropy_slope_unit": "entropy_slope / grad_norm: the entropy change along a unit-length step in the update's direction",
 }
 
 
-def summarise(results: list[dict[str, dict]], methods: list[str]) -> dict[str, Any]:
+def summarise(results: list[dict[str, dict]], methods: list[str], primary: tuple[str, ...] = ()) -> dict[str, Any]:
+    """`methods`: the labels of results' arms, the first the baseline; `primary`: the measures Holm adjusts
+    over (empty: all)."""
+    primary = primary or tuple(MEASURES)
     per: dict[str, dict[str, Any]] = {}
     for m in methods:
         per[m] = {}
         for k in MEASURES:
-            xs = [r[m][k] for r in results if r[m][k] is not None]
+            xs = [r[m][k] for r in results if r[m].get(k) is not None]
             per[m][k] = stats.mean_interval(xs).to_dict() if xs else None
     base, tests = methods[0], []
     for m in methods[1:]:
         for k in MEASURES:
-            pairs = [(r[m][k], r[base][k]) for r in results if r[m][k] is not None and r[base][k] is not None]
+            pairs = [(r[m][k], r[base][k]) for r in results if r[m].get(k) is not None and r[base].get(k) is not None]
             if len(pairs) >= 2:
                 d = stats.paired_difference([a for a, _ in pairs], [b for _, b in pairs])
                 tests.append({"method": m, "baseline": base, "measure": k, "paired": d, "mde": stats.minimum_detectable_effect(d.sd, d.n)})
-    adjusted = stats.holm([t["paired"].p for t in tests])
+    first = [t for t in tests if t["measure"] in primary]
+    adjusted = dict(zip(map(id, first), stats.holm([t["paired"].p for t in first])))
     comparisons = []
-    for t, p in zip(tests, adjusted):
+    for t in tests:
+        role = "primary" if id(t) in adjusted else "secondary"
+        p = adjusted.get(id(t), t["paired"].p)
         words = stats.verdict(t["paired"], p, t["mde"], 0.05, None, t["method"], t["baseline"], t["measure"], unit="replicates")
-        comparisons.append({**t, "paired": t["paired"].to_dict(), "p_holm": _finite(p), "mde": _finite(t["mde"]), "verdict": words})
-    return {"replicates": len(results), "methods": per, "comparisons": comparisons}
+        if role == "secondary":
+            words = f"secondary, not adjusted: {words}"
+        comparisons.append({**t, "paired": t["paired"].to_dict(), "role": role, "p_holm": _finite(p) if role == "primary" else None,
+                            "p": _finite(t["paired"].p), "mde": _finite(t["mde"]), "verdict": words})  # fmt: skip
+    return {"replicates": len(results), "primary": list(primary), "methods": per, "comparisons": comparisons}
 
 
 def _finite(x: float) -> float | None:
@@ -58,13 +70,15 @@ def markdown(summary: dict[str, Any], setting: dict[str, Any]) -> str:
             r = per[k]
             lines.append(f"| {m} | {r['n'] if r else 0} | {_c(r and r['mean'])} | {_c(r and r['lower'])} to {_c(r and r['upper'])} |")
         lines.append("")
-    lines += ["## Paired differences (Holm-adjusted over every row)", ""]
-    lines += ["| method - baseline | measure | difference | 95% interval | Holm p | MDE (80%) |", "|---|---|---|---|---|---|"]
+    lines += ["## Paired differences (Holm-adjusted over the primary rows; secondary rows give their own p)", ""]
+    lines += ["| method - baseline | measure | role | difference | 95% interval | p (Holm for primary) | MDE (80%) |",
+              "|---|---|---|---|---|---|---|"]  # fmt: skip
     for c in summary["comparisons"]:
-        p = c["paired"]
+        p, role = c["paired"], c.get("role", "primary")
+        shown = c["p_holm"] if role == "primary" else c["p"]
         lines.append(
-            f"| {c['method']} - {c['baseline']} | {c['measure']} | {_c(p['mean_diff'])} | {_c(p['lower'])} to {_c(p['upper'])} | "
-            f"{_c(c['p_holm'])} | {_c(c['mde'])} |"
+            f"| {c['method']} - {c['baseline']} | {c['measure']} | {role} | {_c(p['mean_diff'])} | "
+            f"{_c(p['lower'])} to {_c(p['upper'])} | {_c(shown)} | {_c(c['mde'])} |"
         )
     return "\n".join(lines + ["", "Verdicts:", ""] + [f"- {c['verdict']}" for c in summary["comparisons"]]) + "\n"
 

@@ -20,7 +20,7 @@ from thinkrl.errors import UserError
 from thinkrl.learner.logprobs import dropout_off
 from thinkrl.methods import get_method
 from thinkrl.models import eos_ids, load_policy, load_tokenizer, resolve_path
-from thinkrl.probe.measure import ProbeSettings, Rollouts, check_method, directions, run_replicates, stale_steps
+from thinkrl.probe.measure import ProbeSettings, Rollouts, as_arm, check_method, directions, replicate_rows, run_replicates, stale_steps
 from thinkrl.rollout.collect import RolloutContext, RolloutPlan, StepSamples, collect
 from thinkrl.rollout.completions import Completions
 from thinkrl.rollout.engines import check_engine, engine_for_run
@@ -37,8 +37,9 @@ MAX_ROUNDS = 8
 def run_probe(cfg: Config, ps: ProbeSettings, checkpoint: Path | None = None) -> tuple[list[dict[str, dict]], dict[str, float]]:
     """The replicates' measurements, and what the starting point looked like (for the report). `checkpoint`: a
     run's checkpoint to start from (its weights on cfg's model)."""
-    for name in ps.methods:
-        check_method(get_method(name))
+    methods = [as_arm(a).build() for a in ps.methods]  # a bad method name or parameter fails here, before anything loads
+    for m in methods:
+        check_method(m)
     check_engine(cfg.rollout.engine)  # a missing vLLM: before the model loads
     t0 = time.perf_counter()
     tok = load_tokenizer(resolve_path(cfg.model.name))
@@ -53,7 +54,6 @@ def run_probe(cfg: Config, ps: ProbeSettings, checkpoint: Path | None = None) ->
     engine = engine_for_run(cfg, device, policy)
     sampler = PolicySampler(policy, cfg.rollout.precision)
     plan, pad, temperature = RolloutPlan.from_config(cfg), tok.pad_token_id, cfg.rollout.temperature
-    needs_old_entropy = any("old_entropy" in get_method(n).requires for n in ps.methods)
     try:
         with ShieldedPool(cfg.verifier.workers, cfg.verifier.timeout, grade_fn=load_grader(cfg.verifier.grader)) as pool:
             eos = eos_ids(policy, tok)
@@ -65,7 +65,7 @@ def run_probe(cfg: Config, ps: ProbeSettings, checkpoint: Path | None = None) ->
             t_sampled = time.perf_counter()
             theta0 = [p.detach().clone() for p in params] if ps.stale_updates else None
             with dropout_off(policy), accel.update_pass(policy):
-                data = Rollouts(sampled, policy, pad, temperature, needs_old_entropy)
+                data = _starting_rollouts(sampled, policy, pad, cfg, ps, methods)
                 stale_steps(policy, params, data, torch.arange(ps.stale_prompts), get_method("grpo"), cfg, ps.stale_updates)
             sampler.refresh()
             # the reference too keeps only groups with a reward spread: the others add nothing to its gradient
@@ -89,10 +89,21 @@ def run_probe(cfg: Config, ps: ProbeSettings, checkpoint: Path | None = None) ->
         f"{ps.replicates} replicates of {ps.groups} x {G}"
     )
     with progress() as bar:
-        task = bar.add_task("probe", total=ps.replicates, info=", ".join(ps.methods))
+        task = bar.add_task("probe", total=ps.replicates, info=", ".join(as_arm(a).label for a in ps.methods))
         results = run_replicates(policy, params, data, d, ps, lambda: bar.advance(task))
     start["seconds"] = time.perf_counter() - t0
     return results, start
+
+
+def _starting_rollouts(sampled: StepSamples, policy, pad: int, cfg: Config, ps: ProbeSettings, methods: list) -> Rollouts:
+    """The replicates' rollouts with what pi_old (the starting weights, still in place) gives the methods that
+    read it: its entropy, its JS scores over each replicate's batch."""
+    needs_old_entropy = any("old_entropy" in m.requires for m in methods)
+    data = Rollouts(sampled, policy, pad, cfg.rollout.temperature, needs_old_entropy)
+    js_method = next((m for m in methods if "token_js" in m.requires), None)
+    if js_method is not None:
+        data.score_js(policy, cfg, js_method, replicate_rows(data, ps))
+    return data
 
 
 def _groups_with_spread(ctx: RolloutContext, order: list, want: int, seed: int, device, stream: int = 1_000) -> tuple[StepSamples, int]:

@@ -51,12 +51,12 @@ def cells(study: Study, study_dir: Path) -> list[Cell]:
         for arm in study.arms:
             run_dir = study_dir / "runs" / arm.name / f"seed-{seed}"
             cell = Cell(arm, seed, run_dir, study_dir / "logs" / f"{arm.name}-seed-{seed}.log")
-            cell.state = _state(run_dir)
+            cell.state = run_state(run_dir)
             out.append(cell)
     return out
 
 
-def _state(run_dir: Path) -> str:
+def run_state(run_dir: Path) -> str:
     config = run_dir / "config.yaml"
     if not config.is_file():
         return "pending"
@@ -99,7 +99,7 @@ def run_grid(study: Study, study_dir: Path, jobs: int) -> list[Cell]:
                     slot = next(i for i in range(jobs) if i not in running)
                     cell = free.pop(0)
                     todo.remove(cell)
-                    cell.state = _state(cell.run_dir)  # it may have checkpointed (or finished) since the grid was read
+                    cell.state = run_state(cell.run_dir)  # it may have checkpointed (or finished) since the grid was read
                     if cell.state == "done":
                         bar.advance(task)
                         continue
@@ -108,7 +108,7 @@ def run_grid(study: Study, study_dir: Path, jobs: int) -> list[Cell]:
                     if proc.poll() is None:
                         continue
                     del running[slot]
-                    if proc.returncode == 0 and _state(cell.run_dir) == "done":
+                    if proc.returncode == 0 and run_state(cell.run_dir) == "done":
                         bar.advance(task)
                     else:
                         failed.append(cell)

@@ -1,0 +1,113 @@
+"""A probe file: the arms (a method with its own parameters), the starting run, the shared regime and the
+primary measures, written down before anything runs, so that one comparison is one file and one command.
+
+    name: stare-vs-dapo
+    start: [train.steps=5]               # the starting policy: grpo trained with these overrides, into OUT/start
+    overrides: [rollout.group_size=4]    # the probe's shared regime
+    probe: {replicates: 200, stale_updates: 2}   # replicates, groups, stale_prompts, stale_updates, reference_prompts, seed
+    arms:                                # the first arm is the baseline
+      dapo: {method: dapo}
+      stare: {method: stare, params: {target_entropy: 5.0}}
+    primary: [entropy_slope]             # Holm adjusts over these; the other measures are reported as secondary
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from thinkrl.errors import UserError
+from thinkrl.probe.measure import ProbeArm, ProbeSettings
+from thinkrl.probe.report import MEASURES
+from thinkrl.study.spec import ARM_NAME, _overrides
+
+KNOWN = ("name", "start", "overrides", "probe", "arms", "primary")
+SETTINGS = tuple(f.name for f in fields(ProbeSettings) if f.name != "methods")
+
+
+@dataclass(frozen=True)
+class ProbeFile:
+    name: str
+    arms: tuple[ProbeArm, ...]
+    start: tuple[str, ...]
+    overrides: tuple[str, ...]
+    settings: dict[str, int]
+    primary: tuple[str, ...]
+
+    def probe_settings(self, **flags: int | None) -> ProbeSettings:
+        """The file's settings, with any flag given on the command line (not None) taking precedence."""
+        given = {k: v for k, v in flags.items() if v is not None}
+        return ProbeSettings(self.arms, **{**self.settings, **given})
+
+
+def load_probe_file(path: Path) -> ProbeFile:
+    if not path.is_file():
+        raise UserError(f"probe file {path} not found (a YAML file with arms, start and primary: see bench/repro/probes/)")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise UserError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
+    where = str(path)
+    if not isinstance(raw, dict):
+        raise UserError(f"{where}: a probe file is a mapping with {', '.join(KNOWN)}")
+    unknown = sorted(set(raw) - set(KNOWN))
+    if unknown:
+        raise UserError(f"{where}: unknown key {unknown[0]!r}; a probe file has {', '.join(KNOWN)}")
+    primary = raw.get("primary") or []
+    bad = [m for m in primary if m not in MEASURES] if isinstance(primary, list) else [primary]
+    if not primary or bad:
+        raise UserError(f"{where}: primary must list one or more of {', '.join(MEASURES)} (got {bad[0] if bad else 'none'})")
+    return ProbeFile(
+        name=str(raw.get("name") or path.stem),
+        arms=_arms(raw.get("arms"), where),
+        start=_overrides(raw.get("start", []), f"{where}: start"),
+        overrides=_overrides(raw.get("overrides", []), f"{where}: overrides"),
+        settings=_settings(raw.get("probe") or {}, where),
+        primary=tuple(primary),
+    )
+
+
+def _settings(value: Any, where: str) -> dict[str, int]:
+    if not isinstance(value, dict) or set(value) - set(SETTINGS) or not all(isinstance(v, int) for v in value.values()):
+        raise UserError(f"{where}: probe is a mapping of whole numbers over {', '.join(SETTINGS)}, e.g. probe: {{replicates: 200}}")
+    return dict(value)
+
+
+def _arms(value: Any, where: str) -> tuple[ProbeArm, ...]:
+    if not isinstance(value, dict) or len(value) < 2:
+        raise UserError(f"{where}: arms needs two or more named arms, e.g. arms: {{grpo: {{method: grpo}}, gspo: {{method: gspo}}}}")
+    arms = []
+    for name, spec in value.items():
+        if not ARM_NAME.match(str(name)):
+            raise UserError(f"{where}: arm name {name!r} must be a plain name (letters, digits, _ . -)")
+        if not isinstance(spec, dict) or not isinstance(spec.get("method"), str) or set(spec) - {"method", "params"}:
+            raise UserError(f"{where}: arm {name}: write {{method: NAME, params: {{KEY: VALUE, ...}}}}")
+        params = spec.get("params") or {}
+        if not isinstance(params, dict):
+            raise UserError(f"{where}: arm {name}: params is a mapping of the method's Config fields, e.g. {{clip_high: 0.28}}")
+        arms.append(ProbeArm(str(name), spec["method"], tuple(sorted(params.items()))))
+    return tuple(arms)
+
+
+def train_start(pf: ProbeFile, start_dir: Path) -> None:
+    """The starting policy: grpo with the file's start overrides, trained into start_dir unless it is there
+    (an interrupted one continues from its last checkpoint)."""
+    from thinkrl.study.grid import run_state
+
+    state = run_state(start_dir)
+    if state == "done":
+        return
+    base = [sys.executable, "-m", "thinkrl", "train"]
+    if state == "partial":
+        cmd = [*base, "--resume", str(start_dir)]
+    else:
+        overrides = [x for o in pf.start for x in ("-o", o)]
+        cmd = [*base, "--method", "grpo", "--recipe", "none", *overrides, "--output-dir", str(start_dir)]
+    print(f"probe: the starting policy: {' '.join(['thinkrl', *cmd[3:]])}", flush=True)
+    if subprocess.run(cmd).returncode != 0:
+        raise UserError(f"training the starting policy failed (above); fix it and run the probe again: {start_dir} resumes")
