@@ -17,7 +17,8 @@ from thinkrl.data.prompts import Prompt
 from thinkrl.errors import UserError
 from thinkrl.learner import method_calls
 from thinkrl.methods import get_method
-from thinkrl.probe.measure import Directions, Rollouts, check_method, directions, flat_grad, kl_from_start, reference, replicate, weights
+from thinkrl.probe.measure import Directions, check_method, directions, flat_grad, kl_from_start, reference, replicate, weights
+from thinkrl.probe.rollouts import Rollouts
 from thinkrl.rollout.collect import StepSamples
 from thinkrl.rollout.completions import Request, Sampling
 from thinkrl.rollout.engines import LeanEngine
@@ -117,9 +118,10 @@ def test_the_kl_slope_is_the_first_order_change_of_the_kl_from_the_start_under_a
 
 
 def test_a_method_whose_loss_reads_what_the_probe_does_not_build_is_refused():
-    with pytest.raises(UserError, match="cannot probe sis: its loss reads topk_ids"):
-        check_method(get_method("sis"))
+    with pytest.raises(UserError, match="cannot probe thinking_seeds: its loss reads prefix_mask"):
+        check_method(get_method("thinking_seeds"))
     check_method(get_method("stapo"))  # entropy: built
+    check_method(get_method("sis"))  # pi_old's top-K: built (tests/test_probe_file.py)
 
 
 def test_the_probe_command_writes_paired_adjusted_comparisons(tiny_model_dir, tmp_path, monkeypatch):

@@ -19,8 +19,9 @@ from thinkrl.cli import app
 from thinkrl.config import Config
 from thinkrl.errors import UserError
 from thinkrl.methods import get_method
-from thinkrl.probe.measure import ProbeArm, Rollouts, directions, replicate
+from thinkrl.probe.measure import ProbeArm, directions, replicate
 from thinkrl.probe.report import summarise
+from thinkrl.probe.rollouts import Rollouts
 from thinkrl.probe.spec import load_probe_file
 
 TESTS = Path(__file__).parent
@@ -110,3 +111,29 @@ def test_a_bad_probe_file_is_one_error_naming_the_key(tmp_path):
         load_probe_file(bad)
     result = CliRunner().invoke(app, ["probe", str(bad), "--methods", "grpo,gspo"])
     assert "--methods with a probe file" in str(result.exception)
+
+
+def test_sis_gets_pi_olds_top_k_as_its_proposal_and_on_policy_accepts_within_it(tiny_model_dir):
+    torch.manual_seed(0)
+    policy = tiny_lora_model(tiny_model_dir)
+    params = [p for p in policy.parameters() if p.requires_grad]
+    data = Rollouts(samples(policy, PROMPTS), policy, 0, 1.0)
+    data.record_topk(policy, 5)
+    mask = data.s.comp.mask
+    full = torch.cat([data.distribution(policy, rows) for rows in data.chunks()])  # (N, V) in the mask's row-major order
+    top = full.topk(5, dim=-1)
+    assert torch.equal(data.topk_ids[mask], top.indices) and torch.allclose(data.topk_old_logp[mask], top.values)
+    rows = torch.arange(8)
+    d, _ = directions(policy, params, data, None)
+    # on-policy (theta1 = theta0, pi_old = the sampler) every ratio is 1: accepted tokens (weight 1) and rejected
+    # ones (ratio 1) both give the gradient of log pi, so sis's gradient is grpo's; its draws repeat per replicate
+    sis = ProbeArm("sis", "sis", (("k", 5),))
+    once, twice = (replicate(policy, params, data, [sis, "grpo"], rows, d) for _ in range(2))
+    assert once["sis"] == twice["sis"]
+    assert once["sis"]["grad_norm"] == pytest.approx(once["grpo"]["grad_norm"], rel=1e-4)
+    with pytest.raises(UserError, match="different K"):
+        from thinkrl.probe.measure import ProbeSettings
+        from thinkrl.probe.session import _starting_rollouts
+
+        arms = (ProbeArm("a", "sis", (("k", 5),)), ProbeArm("b", "sis", (("k", 3),)))
+        _starting_rollouts(data.s, policy, 0, Config(), ProbeSettings(arms, replicates=2), [a.build() for a in arms])

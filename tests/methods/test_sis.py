@@ -251,3 +251,17 @@ def test_sis_config_file_is_off_policy():
     cfg = resolve(load_config(CONFIGS / "sis.yaml"))
     assert cfg.train.mini_batches == 4 and cfg.rollout.group_size == 16
     assert cfg.method.params["clip_low"] == 0.2 and cfg.method.params["aggregation"] == "seq-mean-token-mean"
+
+
+def test_sis_recipe_makes_the_sampler_its_proposal_however_stale():
+    """The paper's proposal is the policy that generated the tokens: with the recipe pi_old and the top-K come
+    from the sampler (train.old_policy=sampler), which records K ids per position, even rollout.staleness steps
+    behind the trainer; a recomputed pi_old would be the trainer's policy at the phase's start instead."""
+    from thinkrl.settings import load_config, resolve
+    from thinkrl.train import _sampler_records
+
+    cfg = resolve(load_config(overrides=["rollout.staleness=2"], **{"method.name": "sis"}))
+    assert cfg.train.old_policy == "sampler"
+    assert _sampler_records(get_method("sis"), cfg) == {"record_topk": 10, "record_entropy": False}
+    plain = resolve(load_config(recipe="none", **{"method.name": "sis"}))
+    assert plain.train.old_policy == "recompute" and _sampler_records(get_method("sis"), plain) == {}

@@ -106,10 +106,13 @@ def rejection_test(batch: TokenBatch) -> RejectionTest:
 class SIS(Method[Config]):
     """Selective importance sampling: tokens passing a top-K rejection test train on-policy (weight 1, unclipped)."""
 
+    # off-policy updates, where accepted tokens can differ from ratio-clipped ones; the proposal is the policy
+    # that sampled (the paper's off-policy model), so pi_old and its top-K are the sampler's own, however stale
     recipe = {
         "rollout.group_size": 16,
         "train.mini_batches": 4,
-    }  # off-policy updates, where accepted tokens can differ from ratio-clipped ones
+        "train.old_policy": "sampler",
+    }
     acts_off_policy = True
 
     reinforce_on_policy = True  # on-policy every token in V_K is accepted (w~ = 1, gradient of log pi), the rest have r = 1

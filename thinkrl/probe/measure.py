@@ -34,19 +34,15 @@ import torch
 from torch import Tensor
 
 from thinkrl import accel
-from thinkrl.batch import TokenBatch
 from thinkrl.config import Config
-from thinkrl.forward import hidden_states, tempered_logits
 from thinkrl.learner import method_calls
 from thinkrl.learner.advantages import compute_advantages
-from thinkrl.learner.batching import RolloutBatch
-from thinkrl.learner.logprobs import dropout_off, token_logprobs
-from thinkrl.learner.old_policy import token_js
+from thinkrl.learner.logprobs import dropout_off
 from thinkrl.methods import Method, get_method
-from thinkrl.rollout.collect import StepSamples
+from thinkrl.probe.rollouts import Rollouts
 
 READS = frozenset(
-    {"entropy", "old_entropy", "token_ids", "token_js"}
+    {"entropy", "old_entropy", "token_ids", "token_js", "topk_ids", "topk_old_logp", "topk_logp"}
 )  # what a probed loss may read beyond logp, old_logp, advantages, mask
 CLIP_KEYS = ("clip/frac", "mask/frac", "masked/frac")
 
@@ -85,78 +81,8 @@ def check_method(method: Method) -> None:
     if extra:
         raise UserError(
             f"thinkrl probe cannot probe {method.name}: its loss reads {', '.join(sorted(extra))}, which the probe does not "
-            f"build (it gives logp, old_logp, behav_logp, advantages, entropy, old_entropy, token_js and token ids)"
+            f"build (it gives logp, old_logp, behav_logp, advantages, entropy, old_entropy, token_js, pi_old's top-K and token ids)"
         )
-
-
-class Rollouts:
-    """Sampled groups with what pi_old (the sampler, theta0) contributes: its log-probs, and its entropy when a
-    probed method reads old_entropy (one no-grad pass)."""
-
-    def __init__(self, samples: StepSamples, policy, pad: int, temperature: float, old_entropy: bool = False) -> None:
-        self.s, self.pad, self.temperature = samples, pad, temperature
-        self.prompt_ids = [p.ids for p in samples.prompts for _ in range(samples.group_size)]
-        self.old_logp, self.old_entropy = samples.comp.behav_logp, None  # (B, T)
-        self.old_js: Tensor | None = None  # (B, T) pi_old's JS scores, each replicate's against its own batch
-        if old_entropy:
-            with torch.no_grad():
-                self.old_entropy = torch.cat([self._padded(self.logprobs(policy, rows, entropy=True).entropy) for rows in self.chunks()])
-
-    def _padded(self, x: Tensor) -> Tensor:
-        return torch.nn.functional.pad(x, (0, self.s.comp.tokens.shape[1] - x.shape[1]))
-
-    def group_rows(self, groups: Tensor) -> Tensor:
-        """The rows of these groups, in order.  (g,) -> (g * G,)"""
-        G = self.s.group_size
-        return (groups[:, None] * G + torch.arange(G)).reshape(-1)
-
-    def logprobs(self, policy, rows: Tensor, entropy: bool = False, entropy_grad: bool = False):
-        comp = self.s.comp
-        T = int(comp.lengths[rows].max())
-        ids = [self.prompt_ids[i] for i in rows.tolist()]
-        return token_logprobs(policy, ids, comp.tokens[rows, :T], comp.mask[rows, :T], self.pad, self.temperature, entropy, None, False,
-                              frozenset(), entropy_grad)  # fmt: skip
-
-    def batch(self, method: Method, rows: Tensor, logp: Tensor, entropy: Tensor | None, **counts: int) -> TokenBatch:
-        """The TokenBatch of `rows` (whole groups) for `method`, with its own advantage estimator; `counts`: the
-        global num_tokens / num_seqs when `rows` is one chunk of a larger batch."""
-        comp, G, T = self.s.comp, self.s.group_size, logp.shape[1]
-        adv, _ = compute_advantages(self.s.rewards[rows], G, method.advantage)  # (b,)
-        return TokenBatch(
-            logp=logp,
-            old_logp=self.old_logp[rows, :T],
-            behav_logp=comp.behav_logp[rows, :T],
-            advantages=adv.to(logp.device),
-            mask=comp.mask[rows, :T],
-            token_ids=comp.tokens[rows, :T],
-            entropy=entropy,
-            old_entropy=self.old_entropy[rows, :T] if self.old_entropy is not None else None,
-            token_js=self.old_js[rows, :T] if self.old_js is not None else None,
-            **counts,
-        )
-
-    def score_js(self, policy, cfg: Config, method: Method, batches: list[Tensor]) -> None:
-        """pi_old's JS scores (what ict ranks tokens by), each batch of rows against its own mean distribution, as
-        the trainer's pi_old pass scores the batch a loss sees. Run with pi_old's weights (before stale steps)."""
-        comp = self.s.comp
-        self.old_js = torch.zeros(comp.tokens.shape)
-        for rows in batches:
-            rb = RolloutBatch([self.prompt_ids[i] for i in rows.tolist()], comp.select(rows), torch.zeros(len(rows)), self.s.group_size)
-            js = token_js(policy, rb, method, cfg, self.pad)  # (b, T')
-            self.old_js[rows, : js.shape[1]] = js.cpu()
-
-    def distribution(self, policy, rows: Tensor) -> Tensor:
-        """The tempered next-token log-distribution at each generated position of `rows`.  (n, V)"""
-        comp = self.s.comp
-        T = int(comp.lengths[rows].max())
-        ids = [self.prompt_ids[i] for i in rows.tolist()]
-        h, _, head, config = hidden_states(policy, ids, comp.tokens[rows, :T], comp.mask[rows, :T], self.pad)
-        return torch.log_softmax(tempered_logits(head, config, h, self.temperature), -1)
-
-    def chunks(self, groups: Tensor | None = None, per_chunk: int = 2) -> list[Tensor]:
-        """The rows of `groups` (default: all) in chunks of whole groups: one forward each keeps memory small."""
-        groups = torch.arange(len(self.s.prompts)) if groups is None else groups
-        return [self.group_rows(groups[i : i + per_chunk]) for i in range(0, len(groups), per_chunk)]
 
 
 def flat_grad(loss: Tensor, params: list[Tensor], retain: bool) -> Tensor:
@@ -251,9 +177,11 @@ def replicate(policy, params, data: Rollouts, arms: list[str | ProbeArm], rows: 
     controller that begin_step moves (stare's, ais's) starts every replicate in the same state."""
     labels = [as_arm(a).label for a in arms]
     methods, out = [as_arm(a).build() for a in arms], {}
-    lp = data.logprobs(policy, rows, entropy=any("entropy" in m.requires for m in methods))
+    topk = any("topk_logp" in m.requires for m in methods)
+    lp = data.logprobs(policy, rows, entropy=any("entropy" in m.requires for m in methods), topk=topk)
     for i, (label, m) in enumerate(zip(labels, methods)):
-        batch = data.batch(m, rows, lp.logp, lp.entropy.detach() if lp.entropy is not None else None)
+        at_topk = lp.topk_logp if "topk_logp" in m.requires else None
+        batch = data.batch(m, rows, lp.logp, lp.entropy.detach() if lp.entropy is not None else None, at_topk)
         method_calls.begin_step(m, replace(batch, logp=batch.logp.detach()))
         loss, metrics = method_calls.loss(m, batch)
         g = flat_grad(loss, params, retain=i < len(methods) - 1)

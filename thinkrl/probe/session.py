@@ -20,7 +20,8 @@ from thinkrl.errors import UserError
 from thinkrl.learner.logprobs import dropout_off
 from thinkrl.methods import get_method
 from thinkrl.models import eos_ids, load_policy, load_tokenizer, resolve_path
-from thinkrl.probe.measure import ProbeSettings, Rollouts, as_arm, check_method, directions, replicate_rows, run_replicates, stale_steps
+from thinkrl.probe.measure import ProbeSettings, as_arm, check_method, directions, replicate_rows, run_replicates, stale_steps
+from thinkrl.probe.rollouts import Rollouts
 from thinkrl.rollout.collect import RolloutContext, RolloutPlan, StepSamples, collect
 from thinkrl.rollout.completions import Completions
 from thinkrl.rollout.engines import check_engine, engine_for_run
@@ -97,12 +98,17 @@ def run_probe(cfg: Config, ps: ProbeSettings, checkpoint: Path | None = None) ->
 
 def _starting_rollouts(sampled: StepSamples, policy, pad: int, cfg: Config, ps: ProbeSettings, methods: list) -> Rollouts:
     """The replicates' rollouts with what pi_old (the starting weights, still in place) gives the methods that
-    read it: its entropy, its JS scores over each replicate's batch."""
+    read it: its entropy, its JS scores over each replicate's batch, its top-K (sis's proposal)."""
     needs_old_entropy = any("old_entropy" in m.requires for m in methods)
     data = Rollouts(sampled, policy, pad, cfg.rollout.temperature, needs_old_entropy)
     js_method = next((m for m in methods if "token_js" in m.requires), None)
     if js_method is not None:
         data.score_js(policy, cfg, js_method, replicate_rows(data, ps))
+    widths = {m.topk_width for m in methods if "topk_ids" in m.requires}
+    if len(widths) > 1:
+        raise UserError(f"the probed methods read top-K proposals of different K ({sorted(widths)}): give them one K")
+    if widths:
+        data.record_topk(policy, widths.pop())
     return data
 
 
