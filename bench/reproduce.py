@@ -1,10 +1,11 @@
 """Reproduce each seed paper's claim in miniature: per claim a method and its baselines, trained in the same
 regime on the same prompts (same data and train.seed per seed index) for the same steps, 3 seeds per arm,
-each run evaluated greedily on the same 200 held-out problems. docs/reproductions.md has the tables.
+each run evaluated greedily on the same 200 held-out problems. docs/reproductions-3seed.md has the tables
+(superseded by the powered rows of docs/reproductions.md: bench/repro/probes, bench/repro/studies).
 
     python bench/reproduce.py                        # the whole grid (hours on 2 CPU cores; resumable)
     python bench/reproduce.py --claims ctpo,ais      # some rows
-    python bench/reproduce.py --report               # docs/reproductions.md from bench/repro/results/ only
+    python bench/reproduce.py --report               # docs/reproductions-3seed.md from bench/repro/results/ only
     python bench/reproduce.py --smoke --claims ctpo  # 2 steps, 1 seed, 8 eval problems, into a temporary directory
 
 Resumable: a run whose result JSON exists is skipped; a run directory with a config continues with
@@ -193,7 +194,7 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=SEEDS_NEEDED, help="seeds per arm: train.seed 0 .. N-1")
     ap.add_argument("--runs-dir", type=Path, help="run directories (default bench/repro/runs; --smoke: a temporary one)")
     ap.add_argument("--results-dir", type=Path, help="result JSONs (default bench/repro/results; --smoke: under the runs dir)")
-    ap.add_argument("--doc", type=Path, help="the report (default docs/reproductions.md; --smoke: under the runs dir)")
+    ap.add_argument("--doc", type=Path, help="the report (default docs/reproductions-3seed.md; --smoke: under the runs dir)")
     ap.add_argument("--model", help="another model for every run (recorded in each command)")
     ap.add_argument("-o", "--override", action="append", default=[], help="KEY=VALUE added to every train command, after the claim's")
     ap.add_argument("--smoke", action="store_true", help="2 steps, 1 seed, few problems, 8 eval problems (plumbing only)")
@@ -208,7 +209,7 @@ def main() -> None:
         a.runs_dir = a.runs_dir or Path(tempfile.mkdtemp(prefix="thinkrl-repro-smoke-"))
     runs = (a.runs_dir or ROOT / "bench" / "repro" / "runs").resolve()
     a.results_dir = (a.results_dir or (runs / "results" if a.smoke else ROOT / "bench" / "repro" / "results")).resolve()
-    doc = (a.doc or (runs / "reproductions.md" if a.smoke else ROOT / "docs" / "reproductions.md")).resolve()
+    doc = (a.doc or (runs / "reproductions.md" if a.smoke else ROOT / "docs" / "reproductions-3seed.md")).resolve()
     dirs = run_dirs(runs)
 
     def report() -> None:

@@ -1,0 +1,64 @@
+"""bench/repro_summary.py: each declared row's verdict from hand-made probe and study reports (supported, against
+the claim, not detected with its MDE, secondary rows unadjusted), missing results, and the doc's generated part."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+sys.path.insert(0, str(BENCH))
+
+import repro_summary as rs  # noqa: E402
+
+
+def comparison(arm, base, measure, diff, p_holm, p=None, kind="probe", mde=0.01):
+    keys = {"method": arm, "measure": measure} if kind == "probe" else {"arm": arm, "metric": measure}
+    paired = {"mean_diff": diff, "lower": diff - 0.01, "upper": diff + 0.01, "n": 200}
+    return {**keys, "baseline": base, "paired": paired, "p_holm": p_holm, "p": p, "mde": mde}
+
+
+@pytest.fixture
+def results(tmp_path, monkeypatch):
+    monkeypatch.setattr(rs, "RESULTS", tmp_path)
+
+    def put(kind, name, comparisons, cpu=None):
+        d = tmp_path / f"{kind}s" / name
+        d.mkdir(parents=True)
+        (d / ("probe.json" if kind == "probe" else "report.json")).write_text(json.dumps({"comparisons": comparisons}))
+        if cpu:
+            (d / "cpu.json").write_text(json.dumps(cpu))
+
+    return put
+
+
+def test_a_row_says_supported_contradicted_or_what_it_could_detect(results):
+    results("probe", "stare", [comparison("stare", "dapo", "entropy_slope", 0.02, 0.001)], {"user_s": 600, "sys_s": 60})
+    results(
+        "probe", "drpo", [comparison("dppo", "drpo", "cos_ref", 0.03, 0.01), comparison("grpo", "drpo", "cos_ref", -0.01, 0.4, mde=0.02)]
+    )
+    results("probe", "ict", [comparison("ict", "grpo", "entropy_slope_unit", -0.05, 0.02)])
+    results("probe", "sis-stale2", [comparison("sis", "grpo", "cos_ref", 0.04, None, p=0.01)])
+    text = rs.table()
+    stare = next(line for line in text.splitlines() if line.startswith("| stare"))
+    assert "supported in miniature" in stare and "| 11 min |" in stare  # user + system
+    drpo = [line for line in text.splitlines() if line.startswith("| drpo")]
+    assert "contradicted in miniature" in drpo[0]  # the claim predicts dppo - drpo < 0
+    assert "no difference detected (could detect 0.02)" in drpo[1]
+    assert "contradicted in miniature" in next(line for line in text.splitlines() if line.startswith("| ict"))
+    sis = [line for line in text.splitlines() if line.startswith("| sis")]
+    assert "pending: no results yet" in sis[0]  # the primary file has no results here: said first, not hidden
+    assert "| secondary |" in sis[1] and "(unadjusted)" in sis[1] and "supported in miniature" in sis[1]
+    assert "| thinking_seeds | primary | eval/arith/avg@1 | - |" in text and "| ctpo | - | not yet declared" in text
+
+
+def test_write_replaces_only_the_generated_part(results, tmp_path, monkeypatch):
+    doc = tmp_path / "doc.md"
+    doc.write_text(f"intro\n{rs.BEGIN}\nold table\n{rs.END}\nafter\n")
+    monkeypatch.setattr(rs, "DOC", doc)
+    monkeypatch.setattr(sys, "argv", ["repro_summary.py", "--write"])
+    monkeypatch.setattr(rs, "ROOT", tmp_path)
+    rs.main()
+    text = doc.read_text()
+    assert text.startswith("intro\n") and text.endswith(f"{rs.END}\nafter\n") and "old table" not in text and "| paper |" in text
