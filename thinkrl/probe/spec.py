@@ -19,12 +19,10 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from thinkrl.errors import UserError
 from thinkrl.probe.measure import ProbeArm, ProbeSettings
 from thinkrl.probe.report import MEASURES
-from thinkrl.study.spec import ARM_NAME, _overrides
+from thinkrl.study.spec import _overrides, named_arms, read_yaml
 
 KNOWN = ("name", "start", "overrides", "probe", "arms", "primary")
 SETTINGS = tuple(f.name for f in fields(ProbeSettings) if f.name != "methods")
@@ -46,12 +44,7 @@ class ProbeFile:
 
 
 def load_probe_file(path: Path) -> ProbeFile:
-    if not path.is_file():
-        raise UserError(f"probe file {path} not found (a YAML file with arms, start and primary: see bench/repro/probes/)")
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        raise UserError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
+    raw = read_yaml(path, "probe file", "a YAML file with arms, start and primary: see bench/repro/probes/")
     where = str(path)
     if not isinstance(raw, dict):
         raise UserError(f"{where}: a probe file is a mapping with {', '.join(KNOWN)}")
@@ -79,18 +72,12 @@ def _settings(value: Any, where: str) -> dict[str, int]:
 
 
 def _arms(value: Any, where: str) -> tuple[ProbeArm, ...]:
-    if not isinstance(value, dict) or len(value) < 2:
-        raise UserError(f"{where}: arms needs two or more named arms, e.g. arms: {{grpo: {{method: grpo}}, gspo: {{method: gspo}}}}")
     arms = []
-    for name, spec in value.items():
-        if not ARM_NAME.match(str(name)):
-            raise UserError(f"{where}: arm name {name!r} must be a plain name (letters, digits, _ . -)")
-        if not isinstance(spec, dict) or not isinstance(spec.get("method"), str) or set(spec) - {"method", "params"}:
-            raise UserError(f"{where}: arm {name}: write {{method: NAME, params: {{KEY: VALUE, ...}}}}")
+    for name, spec in named_arms(value, where, "params", "{method: NAME, params: {KEY: VALUE, ...}}"):
         params = spec.get("params") or {}
         if not isinstance(params, dict):
             raise UserError(f"{where}: arm {name}: params is a mapping of the method's Config fields, e.g. {{clip_high: 0.28}}")
-        arms.append(ProbeArm(str(name), spec["method"], tuple(sorted(params.items()))))
+        arms.append(ProbeArm(name, spec["method"], tuple(sorted(params.items()))))
     return tuple(arms)
 
 

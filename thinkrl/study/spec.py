@@ -83,13 +83,17 @@ class Study:
 
 def load_study(path: Path) -> Study:
     """The study in `path`, checked: every mistake is one UserError naming the key and the fix."""
+    return parse_study(read_yaml(path, "study file", "a YAML file with arms, seeds and metrics: see examples/study/"), str(path))
+
+
+def read_yaml(path: Path, what: str, hint: str) -> Any:
+    """The parsed YAML of a study or probe file, or one UserError saying what is wrong with it."""
     if not path.is_file():
-        raise UserError(f"study file {path} not found (a YAML file with arms, seeds and metrics: see examples/study/)")
+        raise UserError(f"{what} {path} not found ({hint})")
     try:
-        raw = yaml.safe_load(path.read_text())
+        return yaml.safe_load(path.read_text())
     except yaml.YAMLError as e:
         raise UserError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
-    return parse_study(raw, str(path))
 
 
 def parse_study(raw: Any, where: str) -> Study:
@@ -124,16 +128,22 @@ def _overrides(value: Any, where: str) -> tuple[str, ...]:
     return tuple(value)
 
 
-def _arms(value: Any, where: str) -> tuple[Arm, ...]:
+def named_arms(value: Any, where: str, second: str, shape: str) -> list[tuple[str, dict]]:
+    """(name, spec) of each arm of a study or probe file, checked: two or more, plain names, each a mapping with
+    a method and at most `second` besides (`shape` says how to write one)."""
     if not isinstance(value, dict) or len(value) < 2:
         raise UserError(f"{where}: arms needs two or more named arms, e.g. arms: {{grpo: {{method: grpo}}, gspo: {{method: gspo}}}}")
-    arms = []
     for name, spec in value.items():
-        name = str(name)
-        if not ARM_NAME.match(name):
-            raise UserError(f"{where}: arm name {name!r} must be a plain directory name (letters, digits, _ . -)")
-        if not isinstance(spec, dict) or not isinstance(spec.get("method"), str) or set(spec) - {"method", "overrides"}:
-            raise UserError(f"{where}: arm {name}: write {{method: NAME, overrides: [KEY=VALUE, ...]}}")
+        if not ARM_NAME.match(str(name)):
+            raise UserError(f"{where}: arm name {str(name)!r} must be a plain directory name (letters, digits, _ . -)")
+        if not isinstance(spec, dict) or not isinstance(spec.get("method"), str) or set(spec) - {"method", second}:
+            raise UserError(f"{where}: arm {name}: write {shape}")
+    return [(str(name), spec) for name, spec in value.items()]
+
+
+def _arms(value: Any, where: str) -> tuple[Arm, ...]:
+    arms = []
+    for name, spec in named_arms(value, where, "overrides", "{method: NAME, overrides: [KEY=VALUE, ...]}"):
         overrides = _overrides(spec.get("overrides", []), f"{where}: arm {name}: overrides")
         for o in overrides:
             key = parse_override(o)[0]
