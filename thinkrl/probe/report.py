@@ -47,8 +47,8 @@ def summarise(results: list[dict[str, dict]], methods: list[str], primary: tuple
         role = "primary" if id(t) in adjusted else "secondary"
         p = adjusted.get(id(t), t["paired"].p)
         words = stats.verdict(t["paired"], p, t["mde"], 0.05, None, t["method"], t["baseline"], t["measure"], unit="replicates")
-        if role == "secondary":
-            words = f"secondary, not adjusted: {words}"
+        if role == "secondary":  # its own p: the adjustment covers the primary tests alone
+            words = "secondary, not adjusted: " + words.replace("Holm-adjusted p", "p")
         comparisons.append({**t, "paired": t["paired"].to_dict(), "role": role, "p_holm": _finite(p) if role == "primary" else None,
                             "p": _finite(t["paired"].p), "mde": _finite(t["mde"]), "verdict": words})  # fmt: skip
     return {"replicates": len(results), "primary": list(primary), "methods": per, "comparisons": comparisons}
