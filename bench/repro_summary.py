@@ -26,7 +26,7 @@ BEGIN, END = "<!-- summary: begin (bench/repro_summary.py --write) -->", "<!-- s
 @dataclass(frozen=True)
 class Row:
     paper: str
-    kind: str  # probe | study | pending
+    kind: str  # probe | study
     file: str  # the probe or study file's stem
     measure: str
     comparisons: tuple[tuple[str, str], ...]  # (arm, baseline) as the report names them
@@ -35,10 +35,10 @@ class Row:
 
 
 ROWS = (
-    Row("ctpo", "pending", "", "", (), 0),
+    Row("ctpo", "probe", "ctpo", "cos_ref", (("grpo", "ctpo"), ("gspo", "ctpo")), -1),
     Row("sis", "probe", "sis", "cos_ref", (("sis", "grpo"),), +1, ("sis-stale2", "sis-stale8")),
     Row("stare", "probe", "stare", "entropy_slope", (("stare", "dapo"),), +1),
-    Row("ais", "pending", "", "", (), 0),
+    Row("ais", "probe", "ais", "cos_ref", (("ais", "grpo"), ("tis", "grpo")), +1),
     Row("drpo", "probe", "drpo", "cos_ref", (("dppo", "drpo"), ("grpo", "drpo")), -1),
     Row("ict", "probe", "ict", "entropy_slope_unit", (("ict", "grpo"),), +1),
     Row("thinking_seeds", "study", "thinking_seeds", "eval/arith/avg@1", (("thinking_seeds", "grpo"),), +1),
@@ -101,9 +101,6 @@ def table() -> str:
     ]
     lines = []
     for row in ROWS:
-        if row.kind == "pending":
-            lines.append(f"| {row.paper} | - | not yet declared | - | - | - | - | not run (see its section) | - | - | - |")
-            continue
         primary = [g for g in (_line(row, row.file, row.kind, a, b, "primary") for a, b in row.comparisons) if g]
         secondary = [_line(row, f, row.kind, a, b, "secondary") for f in row.secondary_files for a, b in row.comparisons]
         lines += primary or [f"| {row.paper} | primary | {row.measure} | - | - | - | - | pending: no results yet | - | - | - |"]

@@ -50,7 +50,7 @@ def test_a_row_says_supported_contradicted_or_what_it_could_detect(results):
     sis = [line for line in text.splitlines() if line.startswith("| sis")]
     assert "pending: no results yet" in sis[0]  # the primary file has no results here: said first, not hidden
     assert "| secondary |" in sis[1] and "(unadjusted)" in sis[1] and "supported in miniature" in sis[1]
-    assert "| thinking_seeds | primary | eval/arith/avg@1 | - |" in text and "| ctpo | - | not yet declared" in text
+    assert "| thinking_seeds | primary | eval/arith/avg@1 | - |" in text and "| ctpo | primary | cos_ref | - |" in text
 
 
 def test_write_replaces_only_the_generated_part(results, tmp_path, monkeypatch):

@@ -20,6 +20,9 @@ def probe(
     ),
     reference_prompts: int | None = typer.Option(None, "--reference-prompts", help="Groups of the on-policy reference [default: 32]."),
     seed: int | None = typer.Option(None, "--seed", help="[default: 0]"),
+    old_policy: str | None = typer.Option(
+        None, "--old-policy", help="pi_old: the sampler's log-probs (sampler) or the trainer's, recomputed (recompute) [default: sampler]."
+    ),
     start: Path | None = typer.Option(
         None, "--from", help="A run directory (its newest checkpoint) or RUN_DIR/checkpoints/step-N: the starting policy and its config."
     ),
@@ -43,7 +46,7 @@ def probe(
     from thinkrl.settings import load_config, resolve
 
     flags = {"replicates": replicates, "groups": groups, "stale_prompts": stale_prompts, "stale_updates": stale_updates,
-             "reference_prompts": reference_prompts, "seed": seed}  # fmt: skip
+             "reference_prompts": reference_prompts, "seed": seed, "old_policy": old_policy}  # fmt: skip
     taken = [
         f for f, v in (("--methods", methods), ("--from", start), ("--model", model), ("--dataset", dataset), ("--config", config)) if v
     ]
@@ -63,7 +66,7 @@ def probe(
         config = run_dir / "config.yaml"
     cfg = resolve(load_config(config, [*extra, *override], recipe=False, **shorthands))
     results, begin = run_probe(cfg, ps, ckpt)
-    _report(output, cfg, ps, primary, results, {"from": str(ckpt) if ckpt else None, **{k: round(v, 4) for k, v in begin.items()}})
+    _report(output, cfg, ps, primary, results, {"from": str(ckpt) if ckpt else None, **{k: float(f"{v:.4g}") for k, v in begin.items()}})
 
 
 def _report(output: Path, cfg, ps, primary: tuple[str, ...], results: list, begin: dict) -> None:
@@ -74,7 +77,7 @@ def _report(output: Path, cfg, ps, primary: tuple[str, ...], results: list, begi
     setting = {"model": cfg.model.name, "data": cfg.data.name, "group_size": cfg.rollout.group_size, "lr": cfg.train.lr,
                "arms": {a.label: {"method": a.method, **dict(a.params)} for a in arms}, "groups": ps.groups,
                "stale_prompts": ps.stale_prompts, "stale_updates": ps.stale_updates, "reference_prompts": ps.reference_prompts,
-               "seed": ps.seed, **begin}  # fmt: skip
+               "seed": ps.seed, "old_policy": ps.old_policy, **begin}  # fmt: skip
     summary = summarise(results, [a.label for a in arms], primary)
     write(output, summary, setting, results)
     for c in summary["comparisons"]:
@@ -85,12 +88,14 @@ def _report(output: Path, cfg, ps, primary: tuple[str, ...], results: list, begi
 def _probe_settings(file: Path | None, methods: str | None, flags: dict, output: Path | None):
     """(settings, primary measures, the file's regime overrides, output directory) from a probe file (whose
     starting run is trained first if it is not there) or from the flags alone."""
-    from thinkrl.probe.measure import ProbeSettings
+    from thinkrl.probe.measure import OLD_POLICIES, ProbeSettings
     from thinkrl.probe.spec import load_probe_file, train_start
 
     for flag, least in (("replicates", 2), ("groups", 1), ("stale_prompts", 1), ("stale_updates", 0), ("reference_prompts", 1)):
         if flags[flag] is not None and flags[flag] < least:
             raise UserError(f"--{flag.replace('_', '-')} {flags[flag]}: must be >= {least}")
+    if flags["old_policy"] not in (None, *OLD_POLICIES):
+        raise UserError(f"--old-policy {flags['old_policy']}: choose {' or '.join(OLD_POLICIES)}")
     if file is not None:
         pf = load_probe_file(file)
         output = output or Path("probes") / pf.name

@@ -19,8 +19,10 @@ gradient g at theta1 on them. Per replicate and method:
   update's direction: methods whose gradients differ in size (ict trains on a tenth of the tokens) compared
   by where they point, as if each were given the learning rate that moves it as far.
 
-pi_old is the sampler's own log-prob of each token (behav_logp: theta0 sampled in the training precision, so
-they agree to rounding). Every method sees the same replicate, so methods are compared pair by pair.
+pi_old is the sampler's own log-prob of each token (old_policy "sampler": theta0 sampled in the training
+precision, so the two agree to rounding), or theta0's log-prob recomputed at the trainer's precision (old_policy
+"recompute": with an fp8 sampler, mu != pi_old, which is what ais corrects). The reference is always sampled at
+the trainer's precision. Every method sees the same replicate, so methods are compared pair by pair.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ READS = frozenset(
     {"entropy", "old_entropy", "token_ids", "token_js", "topk_ids", "topk_old_logp", "topk_logp"}
 )  # what a probed loss may read beyond logp, old_logp, advantages, mask
 CLIP_KEYS = ("clip/frac", "mask/frac", "masked/frac")
+OLD_POLICIES = ("sampler", "recompute")
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,13 @@ class ProbeSettings:
     stale_updates: int = 2  # grpo steps from the sampler (pi_old) to the probed policy
     reference_prompts: int = 32  # groups of the on-policy reference gradient and the entropy measurement
     seed: int = 0
+    old_policy: str = "sampler"  # pi_old: the sampler's log-probs, or theta0's recomputed by the trainer ("recompute")
+
+    def __post_init__(self) -> None:
+        from thinkrl.errors import UserError
+
+        if self.old_policy not in OLD_POLICIES:
+            raise UserError(f"old_policy {self.old_policy!r}: choose {' or '.join(OLD_POLICIES)}")
 
 
 def check_method(method: Method) -> None:

@@ -1,4 +1,4 @@
-"""The probe's rollouts: sampled groups with what pi_old (the sampler, theta0) contributes to a probed loss, and
+"""The probe's rollouts: sampled groups with what pi_old (theta0) contributes to a probed loss, and
 the forward passes the measures run over them (thinkrl/probe/measure.py)."""
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ from thinkrl.rollout.collect import StepSamples
 
 
 class Rollouts:
-    """Sampled groups with what pi_old (the sampler, theta0) contributes: its log-probs, and its entropy when a
-    probed method reads old_entropy (one no-grad pass); its JS scores and top-K when asked (score_js, record_topk)."""
+    """Sampled groups with what pi_old (theta0) contributes: its log-probs (the sampler's, or recompute_old's), its
+    entropy when a probed method reads old_entropy (one no-grad pass); its JS scores and top-K when asked
+    (score_js, record_topk)."""
 
     def __init__(self, samples: StepSamples, policy, pad: int, temperature: float, old_entropy: bool = False) -> None:
         self.s, self.pad, self.temperature = samples, pad, temperature
@@ -31,6 +32,19 @@ class Rollouts:
         if old_entropy:
             with torch.no_grad():
                 self.old_entropy = torch.cat([self._padded(self.logprobs(policy, rows, entropy=True).entropy) for rows in self.chunks()])
+
+    @torch.no_grad()
+    def recompute_old(self, policy) -> None:
+        """pi_old from the trainer's weights now in place (theta0) instead of the sampler's log-probs: what a run
+        with train.old_policy=recompute trains against when the sampler differs from the trainer (fp8)."""
+        old = torch.cat([self._padded(self.logprobs(policy, rows).logp) for rows in self.chunks()])  # (B, T)
+        self.old_logp = old.to(self.s.comp.behav_logp.device)
+
+    def mismatch_k3(self) -> float:
+        """Mean over generated tokens of the k3 estimate of KL(mu || pi_old): 0 when pi_old is the sampler."""
+        mask = self.s.comp.mask.bool()
+        log_rho = (self.old_logp - self.s.comp.behav_logp)[mask].double()  # (N,) log pi_old / mu
+        return float((log_rho.exp() - 1 - log_rho).mean()) if mask.any() else 0.0
 
     def _padded(self, x: Tensor) -> Tensor:
         return torch.nn.functional.pad(x, (0, self.s.comp.tokens.shape[1] - x.shape[1]))

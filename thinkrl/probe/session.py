@@ -68,9 +68,7 @@ def run_probe(cfg: Config, ps: ProbeSettings, checkpoint: Path | None = None) ->
             with dropout_off(policy), accel.update_pass(policy):
                 data = _starting_rollouts(sampled, policy, pad, cfg, ps, methods)
                 stale_steps(policy, params, data, torch.arange(ps.stale_prompts), get_method("grpo"), cfg, ps.stale_updates)
-            sampler.refresh()
-            # the reference too keeps only groups with a reward spread: the others add nothing to its gradient
-            fresh, _ = _groups_with_spread(ctx, order[used:], ps.reference_prompts, ps.seed, device, stream=2_000)
+            fresh = _reference(ctx, policy, order[used:], ps, device)
     finally:
         engine.close()
     ref = Rollouts(fresh, policy, pad, temperature)
@@ -81,6 +79,7 @@ def run_probe(cfg: Config, ps: ProbeSettings, checkpoint: Path | None = None) ->
         "reference_reward_mean": float(fresh.rewards.mean()),
         "reference_grad_norm": float(d.g_ref.norm()),
         "kl_start_to_probed": kl,  # KL(theta0 || theta1) over the reference positions: how far the stale steps went
+        "sampler_k3": data.mismatch_k3(),  # KL(mu || pi_old) per token: 0 unless pi_old is recomputed (an fp8 sampler)
         "sampling_seconds": t_sampled - t0,  # model load and the replicates' rollouts
         "setup_seconds": time.perf_counter() - t0,
     }
@@ -96,11 +95,25 @@ def run_probe(cfg: Config, ps: ProbeSettings, checkpoint: Path | None = None) ->
     return results, start
 
 
+def _reference(ctx: RolloutContext, policy, order: list, ps: ProbeSettings, device) -> StepSamples:
+    """theta1's fresh rollouts for the reference gradient, sampled at the trainer's precision whatever the
+    sampler's (the gradient every arm is held against is the true policy's), and, like the replicates, only
+    groups with a reward spread: the others add nothing to it."""
+    if ctx.sampler.precision != "same":
+        ctx = replace(ctx, sampler=PolicySampler(policy, "same"))
+    ctx.sampler.refresh()
+    fresh, _ = _groups_with_spread(ctx, order, ps.reference_prompts, ps.seed, device, stream=2_000)
+    return fresh
+
+
 def _starting_rollouts(sampled: StepSamples, policy, pad: int, cfg: Config, ps: ProbeSettings, methods: list) -> Rollouts:
     """The replicates' rollouts with what pi_old (the starting weights, still in place) gives the methods that
-    read it: its entropy, its JS scores over each replicate's batch, its top-K (sis's proposal)."""
+    read it: its log-probs (recomputed, or the sampler's), its entropy, its JS scores over each replicate's batch,
+    its top-K (sis's proposal)."""
     needs_old_entropy = any("old_entropy" in m.requires for m in methods)
     data = Rollouts(sampled, policy, pad, cfg.rollout.temperature, needs_old_entropy)
+    if ps.old_policy == "recompute":
+        data.recompute_old(policy)
     js_method = next((m for m in methods if "token_js" in m.requires), None)
     if js_method is not None:
         data.score_js(policy, cfg, js_method, replicate_rows(data, ps))

@@ -4,7 +4,8 @@ primary measures, written down before anything runs, so that one comparison is o
     name: stare-vs-dapo
     start: [train.steps=5]               # the starting policy: grpo trained with these overrides, into OUT/start
     overrides: [rollout.group_size=4]    # the probe's shared regime
-    probe: {replicates: 200, stale_updates: 2}   # replicates, groups, stale_prompts, stale_updates, reference_prompts, seed
+    probe: {replicates: 200, stale_updates: 2}   # replicates, groups, stale_prompts, stale_updates, reference_prompts,
+                                                 # seed, old_policy (sampler or recompute)
     arms:                                # the first arm is the baseline
       dapo: {method: dapo}
       stare: {method: stare, params: {target_entropy: 5.0}}
@@ -20,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from thinkrl.errors import UserError
-from thinkrl.probe.measure import ProbeArm, ProbeSettings
+from thinkrl.probe.measure import OLD_POLICIES, ProbeArm, ProbeSettings
 from thinkrl.probe.report import MEASURES
 from thinkrl.study.spec import _overrides, named_arms, read_yaml
 
@@ -34,10 +35,10 @@ class ProbeFile:
     arms: tuple[ProbeArm, ...]
     start: tuple[str, ...]
     overrides: tuple[str, ...]
-    settings: dict[str, int]
+    settings: dict[str, Any]
     primary: tuple[str, ...]
 
-    def probe_settings(self, **flags: int | None) -> ProbeSettings:
+    def probe_settings(self, **flags: Any) -> ProbeSettings:
         """The file's settings, with any flag given on the command line (not None) taking precedence."""
         given = {k: v for k, v in flags.items() if v is not None}
         return ProbeSettings(self.arms, **{**self.settings, **given})
@@ -65,9 +66,15 @@ def load_probe_file(path: Path) -> ProbeFile:
     )
 
 
-def _settings(value: Any, where: str) -> dict[str, int]:
-    if not isinstance(value, dict) or set(value) - set(SETTINGS) or not all(isinstance(v, int) for v in value.values()):
-        raise UserError(f"{where}: probe is a mapping of whole numbers over {', '.join(SETTINGS)}, e.g. probe: {{replicates: 200}}")
+def _settings(value: Any, where: str) -> dict[str, Any]:
+    numbers = {k: v for k, v in value.items() if k != "old_policy"} if isinstance(value, dict) else None
+    if numbers is None or set(value) - set(SETTINGS) or not all(isinstance(v, int) for v in numbers.values()):
+        raise UserError(
+            f"{where}: probe is a mapping of whole numbers over {', '.join(s for s in SETTINGS if s != 'old_policy')} (and "
+            f"old_policy: {' or '.join(OLD_POLICIES)}), e.g. probe: {{replicates: 200}}"
+        )
+    if value.get("old_policy", "sampler") not in OLD_POLICIES:
+        raise UserError(f"{where}: probe: old_policy {value['old_policy']!r}: choose {' or '.join(OLD_POLICIES)}")
     return dict(value)
 
 
