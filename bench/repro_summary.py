@@ -20,6 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "repro" / "results"
 DOC = ROOT / "docs" / "reproductions.md"
+FOLDER = {"probe": "probes", "study": "studies"}  # bench/repro/results/<folder>/<file's stem>/
 BEGIN, END = "<!-- summary: begin (bench/repro_summary.py --write) -->", "<!-- summary: end -->"
 
 
@@ -50,7 +51,7 @@ def _num(x: float | None) -> str:
 
 
 def _result(kind: str, name: str) -> dict | None:
-    path = RESULTS / f"{kind}s" / name / ("probe.json" if kind == "probe" else "report.json")
+    path = RESULTS / FOLDER[kind] / name / ("probe.json" if kind == "probe" else "report.json")
     return json.loads(path.read_text()) if path.is_file() else None
 
 
@@ -71,11 +72,12 @@ def _verdict(c: dict, expected: int, adjusted: bool = True) -> str:
 
 
 def _cpu(kind: str, name: str) -> str:
-    path = RESULTS / f"{kind}s" / name / "cpu.json"
+    path = RESULTS / FOLDER[kind] / name / "cpu.json"
     if not path.is_file():
         return "-"
     c = json.loads(path.read_text())
-    return f"{(c['user_s'] + c['sys_s']) / 60:.0f} min"
+    minutes = f"{(c['user_s'] + c['sys_s']) / 60:.0f} min"
+    return f"about {minutes} (estimated)" if "estimate" in c else minutes  # the file says how
 
 
 def _line(row: Row, name: str, kind: str, arm: str, base: str, role: str) -> str | None:
@@ -86,7 +88,7 @@ def _line(row: Row, name: str, kind: str, arm: str, base: str, role: str) -> str
     p = c["paired"]
     adjusted = role == "primary"
     pv = c["p_holm"] if adjusted else c.get("p")
-    cmd = f"`thinkrl {kind} bench/repro/{kind}s/{name}.{'yaml'}`"
+    cmd = f"`thinkrl {kind} bench/repro/{FOLDER[kind]}/{name}.yaml`"
     return (
         f"| {row.paper} | {role} | {row.measure} | {arm} - {base} | {_num(p['mean_diff'])} [{_num(p['lower'])}, {_num(p['upper'])}] | "
         f"{p['n']} | {_num(pv)}{'' if adjusted else ' (unadjusted)'} | {_verdict(c, row.expected, adjusted)} | {_num(c['mde'])} | "

@@ -24,7 +24,7 @@ def results(tmp_path, monkeypatch):
     monkeypatch.setattr(rs, "RESULTS", tmp_path)
 
     def put(kind, name, comparisons, cpu=None):
-        d = tmp_path / f"{kind}s" / name
+        d = tmp_path / rs.FOLDER[kind] / name
         d.mkdir(parents=True)
         (d / ("probe.json" if kind == "probe" else "report.json")).write_text(json.dumps({"comparisons": comparisons}))
         if cpu:
@@ -38,19 +38,24 @@ def test_a_row_says_supported_contradicted_or_what_it_could_detect(results):
     results(
         "probe", "drpo", [comparison("dppo", "drpo", "cos_ref", 0.03, 0.01), comparison("grpo", "drpo", "cos_ref", -0.01, 0.4, mde=0.02)]
     )
-    results("probe", "ict", [comparison("ict", "grpo", "entropy_slope_unit", -0.05, 0.02)])
+    results("probe", "ict", [comparison("ict", "grpo", "entropy_slope_unit", -0.05, 0.02)], {"user_s": 100, "sys_s": 20, "estimate": "how"})
     results("probe", "sis-stale2", [comparison("sis", "grpo", "cos_ref", 0.04, None, p=0.01)])
+    results("study", "thinking_seeds", [comparison("thinking_seeds", "grpo", "eval/arith/avg@1", -0.04, 0.3, kind="study", mde=0.1)])
     text = rs.table()
     stare = next(line for line in text.splitlines() if line.startswith("| stare"))
     assert "supported in miniature" in stare and "| 11 min |" in stare  # user + system
     drpo = [line for line in text.splitlines() if line.startswith("| drpo")]
     assert "contradicted in miniature" in drpo[0]  # the claim predicts dppo - drpo < 0
     assert "no difference detected (could detect 0.02)" in drpo[1]
-    assert "contradicted in miniature" in next(line for line in text.splitlines() if line.startswith("| ict"))
+    ict = next(line for line in text.splitlines() if line.startswith("| ict"))
+    assert "contradicted in miniature" in ict and "| about 2 min (estimated) |" in ict  # a cpu.json that says it estimates
     sis = [line for line in text.splitlines() if line.startswith("| sis")]
     assert "pending: no results yet" in sis[0]  # the primary file has no results here: said first, not hidden
     assert "| secondary |" in sis[1] and "(unadjusted)" in sis[1] and "supported in miniature" in sis[1]
-    assert "| thinking_seeds | primary | eval/arith/avg@1 | - |" in text and "| ctpo | primary | cos_ref | - |" in text
+    seeds = next(line for line in text.splitlines() if line.startswith("| thinking_seeds"))
+    assert "`thinkrl study bench/repro/studies/thinking_seeds.yaml`" in seeds
+    assert "| thinking_seeds - grpo |" in seeds and "no difference detected (could detect 0.1)" in seeds  # a study's report
+    assert "| ctpo | primary | cos_ref | - |" in text
 
 
 def test_write_replaces_only_the_generated_part(results, tmp_path, monkeypatch):
