@@ -36,7 +36,7 @@ class Row:
 
 
 ROWS = (
-    Row("ctpo", "probe", "ctpo", "cos_ref", (("grpo", "ctpo"), ("gspo", "ctpo")), -1),
+    Row("ctpo", "probe", "ctpo", "cos_ref", (("grpo", "ctpo"), ("gspo", "ctpo")), -1, ("ctpo-stale1",)),
     Row("sis", "probe", "sis", "cos_ref", (("sis", "grpo"),), +1, ("sis-stale2", "sis-stale8")),
     Row("stare", "probe", "stare", "entropy_slope", (("stare", "dapo"),), +1),
     Row("ais", "probe", "ais", "cos_ref", (("ais", "grpo"), ("tis", "grpo")), +1),
