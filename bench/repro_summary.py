@@ -71,13 +71,32 @@ def _verdict(c: dict, expected: int, adjusted: bool = True) -> str:
     return "supported in miniature" if diff * expected > 0 else "contradicted in miniature"
 
 
-def _cpu(kind: str, name: str) -> str:
+def _cpu_record(kind: str, name: str) -> dict | None:
     path = RESULTS / FOLDER[kind] / name / "cpu.json"
-    if not path.is_file():
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _cpu(kind: str, name: str) -> str:
+    c = _cpu_record(kind, name)
+    if c is None:
         return "-"
-    c = json.loads(path.read_text())
     minutes = f"{(c['user_s'] + c['sys_s']) / 60:.0f} min"
     return f"about {minutes} (estimated)" if "estimate" in c else minutes  # the file says how
+
+
+def total_cpu() -> str:
+    """The CPU time of every declared file's committed result, measured and estimated apart."""
+    measured = estimated = 0.0
+    for row in ROWS:
+        for name in (row.file, *row.secondary_files):
+            c = _cpu_record(row.kind, name)
+            if c is not None:
+                seconds = c["user_s"] + c["sys_s"]
+                estimated, measured = (estimated + seconds, measured) if "estimate" in c else (estimated, measured + seconds)
+    return (
+        f"Total CPU (user + system) of the results above: {(measured + estimated) / 3600:.1f} h, of which "
+        f"{measured / 3600:.1f} h measured and {estimated / 3600:.1f} h estimated (each result's cpu.json says how)."
+    )
 
 
 def _line(row: Row, name: str, kind: str, arm: str, base: str, role: str) -> str | None:
@@ -107,7 +126,7 @@ def table() -> str:
         secondary = [_line(row, f, row.kind, a, b, "secondary") for f in row.secondary_files for a, b in row.comparisons]
         lines += primary or [f"| {row.paper} | primary | {row.measure} | - | - | - | - | pending: no results yet | - | - | - |"]
         lines += [g for g in secondary if g]
-    return "\n".join(head + lines)
+    return "\n".join([*head, *lines, "", total_cpu()])
 
 
 def main() -> None:

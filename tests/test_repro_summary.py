@@ -38,7 +38,7 @@ def test_a_row_says_supported_contradicted_or_what_it_could_detect(results):
     results(
         "probe", "drpo", [comparison("dppo", "drpo", "cos_ref", 0.03, 0.01), comparison("grpo", "drpo", "cos_ref", -0.01, 0.4, mde=0.02)]
     )
-    results("probe", "ict", [comparison("ict", "grpo", "entropy_slope_unit", -0.05, 0.02)], {"user_s": 100, "sys_s": 20, "estimate": "how"})
+    results("probe", "ict", [comparison("ict", "grpo", "entropy_slope_unit", -0.05, 0.02)], {"user_s": 1700, "sys_s": 100, "estimate": "how"})
     results("probe", "sis-stale2", [comparison("sis", "grpo", "cos_ref", 0.04, None, p=0.01)])
     results("study", "thinking_seeds", [comparison("thinking_seeds", "grpo", "eval/arith/avg@1", -0.04, 0.3, kind="study", mde=0.1)])
     text = rs.table()
@@ -48,7 +48,7 @@ def test_a_row_says_supported_contradicted_or_what_it_could_detect(results):
     assert "contradicted in miniature" in drpo[0]  # the claim predicts dppo - drpo < 0
     assert "no difference detected (could detect 0.02)" in drpo[1]
     ict = next(line for line in text.splitlines() if line.startswith("| ict"))
-    assert "contradicted in miniature" in ict and "| about 2 min (estimated) |" in ict  # a cpu.json that says it estimates
+    assert "contradicted in miniature" in ict and "| about 30 min (estimated) |" in ict  # a cpu.json that says it estimates
     sis = [line for line in text.splitlines() if line.startswith("| sis")]
     assert "pending: no results yet" in sis[0]  # the primary file has no results here: said first, not hidden
     assert "| secondary |" in sis[1] and "(unadjusted)" in sis[1] and "supported in miniature" in sis[1]
@@ -56,6 +56,7 @@ def test_a_row_says_supported_contradicted_or_what_it_could_detect(results):
     assert "`thinkrl study bench/repro/studies/thinking_seeds.yaml`" in seeds
     assert "| thinking_seeds - grpo |" in seeds and "no difference detected (could detect 0.1)" in seeds  # a study's report
     assert "| ctpo | primary | cos_ref | - |" in text
+    assert "Total CPU (user + system) of the results above: 0.7 h, of which 0.2 h measured and 0.5 h estimated" in text  # 660 s; 1800 s
 
 
 def test_write_replaces_only_the_generated_part(results, tmp_path, monkeypatch):
