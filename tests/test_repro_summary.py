@@ -38,7 +38,9 @@ def test_a_row_says_supported_contradicted_or_what_it_could_detect(results):
     results(
         "probe", "drpo", [comparison("dppo", "drpo", "cos_ref", 0.03, 0.01), comparison("grpo", "drpo", "cos_ref", -0.01, 0.4, mde=0.02)]
     )
-    results("probe", "ict", [comparison("ict", "grpo", "entropy_slope_unit", -0.05, 0.02)], {"user_s": 1700, "sys_s": 100, "estimate": "how"})
+    results(
+        "probe", "ict", [comparison("ict", "grpo", "entropy_slope_unit", -0.05, 0.02)], {"user_s": 1700, "sys_s": 100, "estimate": "how"}
+    )
     results("probe", "sis-stale2", [comparison("sis", "grpo", "cos_ref", 0.04, None, p=0.01)])
     results("study", "thinking_seeds", [comparison("thinking_seeds", "grpo", "eval/arith/avg@1", -0.04, 0.3, kind="study", mde=0.1)])
     text = rs.table()
