@@ -139,6 +139,7 @@ def test_the_probe_command_writes_paired_adjusted_comparisons(tiny_model_dir, tm
     assert all(c["baseline"] == "grpo" and "p_holm" in c for c in report["comparisons"])
     assert "## Paired differences" in (tmp_path / "out" / "probe.md").read_text()
     assert "probe: out/probe.md" in result.output
+    assert "more with a reward spread (round 1)" in result.output  # the silent minutes of sampling say what they are
 
 
 def test_bad_probe_flags_fail_in_one_line():

@@ -138,6 +138,8 @@ def _groups_with_spread(ctx: RolloutContext, order: list, want: int, seed: int, 
         if not batch:
             break
         ctx.plan = replace(ctx.plan, prompts_per_step=len(batch), dynamic_sampling=True, max_sampling_rounds=1)
+        # one collect per round, minutes on a CPU: say what it is doing
+        console.print(f"probe: sampling {len(batch)} prompt groups for {want - kept} more with a reward spread (round {rnd + 1})")
         got = collect(ctx, 0, batch, setup.reseed(seed, stream + rnd, device))
         parts.append(got)
         kept, used = kept + len(got.prompts), used + len(batch)
