@@ -70,3 +70,26 @@ def test_write_replaces_only_the_generated_part(results, tmp_path, monkeypatch):
     rs.main()
     text = doc.read_text()
     assert text.startswith("intro\n") and text.endswith(f"{rs.END}\nafter\n") and "old table" not in text and "| paper |" in text
+
+
+def test_every_declared_row_names_a_file_in_the_repo_that_loads_with_its_arms_and_measure():
+    """A reader reruns a row from its file: each declared file loads, its methods build and can be probed, and the
+    row's comparisons and measure are the ones the file declares (the first probe arm is the baseline)."""
+    from thinkrl.probe.measure import check_method
+    from thinkrl.probe.spec import load_probe_file
+    from thinkrl.study.spec import load_study
+
+    for row in rs.ROWS:
+        for name in (row.file, *row.secondary_files):
+            path = BENCH / "repro" / rs.FOLDER[row.kind] / f"{name}.yaml"
+            if row.kind == "probe":
+                pf = load_probe_file(path)
+                for arm in pf.arms:
+                    check_method(arm.build())
+                labels, declared = [a.label for a in pf.arms], pf.primary
+                pairs = {(a, labels[0]) for a in labels[1:]}
+            else:
+                study = load_study(path)
+                pairs, declared = set(study.comparisons), tuple(m.name for m in study.metrics)
+            assert set(row.comparisons) <= pairs, (name, row.comparisons, pairs)
+            assert row.measure in declared, (name, row.measure, declared)
