@@ -93,3 +93,9 @@ def test_every_declared_row_names_a_file_in_the_repo_that_loads_with_its_arms_an
                 pairs, declared = set(study.comparisons), tuple(m.name for m in study.metrics)
             assert set(row.comparisons) <= pairs, (name, row.comparisons, pairs)
             assert row.measure in declared, (name, row.measure, declared)
+
+
+def test_the_committed_summary_is_the_one_the_committed_results_give():
+    doc = rs.DOC.read_text()
+    generated = doc[doc.index(rs.BEGIN) + len(rs.BEGIN) : doc.index(rs.END)].strip()
+    assert generated == rs.table().strip(), "run: python bench/repro_summary.py --write"
