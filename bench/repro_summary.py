@@ -90,9 +90,12 @@ def total_cpu() -> str:
     for row in ROWS:
         for name in (row.file, *row.secondary_files):
             c = _cpu_record(row.kind, name)
-            if c is not None:
-                seconds = c["user_s"] + c["sys_s"]
-                estimated, measured = (estimated + seconds, measured) if "estimate" in c else (estimated, measured + seconds)
+            if c is None:
+                continue
+            if "estimate" in c:
+                estimated += c["user_s"] + c["sys_s"]
+            else:
+                measured += c["user_s"] + c["sys_s"]
     return (
         f"Total CPU (user + system) of the results above: {(measured + estimated) / 3600:.1f} h, of which "
         f"{measured / 3600:.1f} h measured and {estimated / 3600:.1f} h estimated (each result's cpu.json says how)."

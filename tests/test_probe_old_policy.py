@@ -83,7 +83,7 @@ def test_a_bad_old_policy_names_the_value_and_the_choices(tmp_path):
     bad.write_text("arms: {a: {method: grpo}, b: {method: ais}}\nprimary: [cos_ref]\nprobe: {old_policy: recompute, replicates: 300}\n")
     assert load_probe_file(bad).probe_settings(replicates=None).old_policy == "recompute"
     result = CliRunner().invoke(app, ["probe", "--old-policy", "trainer"])
-    assert "--old-policy trainer: choose sampler or recompute" in str(result.exception)
+    assert "--old-policy 'trainer': choose sampler or recompute" in str(result.exception)
 
 
 def test_a_probe_with_an_fp8_sampler_and_a_recomputed_pi_old_reports_their_mismatch(tiny_model_dir, tmp_path, monkeypatch):

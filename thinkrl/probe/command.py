@@ -88,14 +88,14 @@ def _report(output: Path, cfg, ps, primary: tuple[str, ...], results: list, begi
 def _probe_settings(file: Path | None, methods: str | None, flags: dict, output: Path | None):
     """(settings, primary measures, the file's regime overrides, output directory) from a probe file (whose
     starting run is trained first if it is not there) or from the flags alone."""
-    from thinkrl.probe.measure import OLD_POLICIES, ProbeSettings
+    from thinkrl.probe.measure import ProbeSettings, check_old_policy
     from thinkrl.probe.spec import load_probe_file, train_start
 
     for flag, least in (("replicates", 2), ("groups", 1), ("stale_prompts", 1), ("stale_updates", 0), ("reference_prompts", 1)):
         if flags[flag] is not None and flags[flag] < least:
             raise UserError(f"--{flag.replace('_', '-')} {flags[flag]}: must be >= {least}")
-    if flags["old_policy"] not in (None, *OLD_POLICIES):
-        raise UserError(f"--old-policy {flags['old_policy']}: choose {' or '.join(OLD_POLICIES)}")
+    if flags["old_policy"] is not None:
+        check_old_policy(flags["old_policy"], "--old-policy")
     if file is not None:
         pf = load_probe_file(file)
         output = output or Path("probes") / pf.name

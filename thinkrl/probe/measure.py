@@ -78,10 +78,15 @@ class ProbeSettings:
     old_policy: str = "sampler"  # pi_old: the sampler's log-probs, or theta0's recomputed by the trainer ("recompute")
 
     def __post_init__(self) -> None:
-        from thinkrl.errors import UserError
+        check_old_policy(self.old_policy, "old_policy")
 
-        if self.old_policy not in OLD_POLICIES:
-            raise UserError(f"old_policy {self.old_policy!r}: choose {' or '.join(OLD_POLICIES)}")
+
+def check_old_policy(value: Any, what: str) -> None:
+    """One error for a bad old_policy, wherever it was given (`what`: the flag or the file's key)."""
+    from thinkrl.errors import UserError
+
+    if value not in OLD_POLICIES:
+        raise UserError(f"{what} {value!r}: choose {' or '.join(OLD_POLICIES)}")
 
 
 def check_method(method: Method) -> None:

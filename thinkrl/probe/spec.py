@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from thinkrl.errors import UserError
-from thinkrl.probe.measure import OLD_POLICIES, ProbeArm, ProbeSettings
+from thinkrl.probe.measure import OLD_POLICIES, ProbeArm, ProbeSettings, check_old_policy
 from thinkrl.probe.report import MEASURES
 from thinkrl.study.spec import _overrides, named_arms, read_yaml
 
@@ -73,8 +73,7 @@ def _settings(value: Any, where: str) -> dict[str, Any]:
             f"{where}: probe is a mapping of whole numbers over {', '.join(s for s in SETTINGS if s != 'old_policy')} (and "
             f"old_policy: {' or '.join(OLD_POLICIES)}), e.g. probe: {{replicates: 200}}"
         )
-    if value.get("old_policy", "sampler") not in OLD_POLICIES:
-        raise UserError(f"{where}: probe: old_policy {value['old_policy']!r}: choose {' or '.join(OLD_POLICIES)}")
+    check_old_policy(value.get("old_policy", "sampler"), f"{where}: probe: old_policy")  # before the start run trains
     return dict(value)
 
 
