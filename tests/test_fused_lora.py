@@ -43,13 +43,18 @@ def calls(monkeypatch):
 
 
 @pytest.mark.skipif(not can_pack(torch.zeros(2, 2)), reason="oneDNN cannot pack float32 weights in this torch build")
-def test_fused_layers_give_peft_values_and_gradients(calls):
+@pytest.mark.parametrize("transposed", [False, True])  # the input gradient through MKL on W, or a packed W^T
+def test_fused_layers_give_peft_values_and_gradients(calls, monkeypatch, transposed):
+    through = []  # per backward: did the input gradient run through a packed W^T?
+    plain_input_grad = fused.input_grad
+    monkeypatch.setattr(fused, "input_grad", lambda g, w, wt: (through.append(wt is not None), plain_input_grad(g, w, wt))[1])
     model = _model()
     x = torch.randn(3, 5, 32)  # (B, T, in): the fused op flattens and restores the leading dims
     plain = _run(model, x)
-    with fused_lora_layers(model, rows=8) as n:
+    with fused_lora_layers(model, rows=8, transposed=transposed) as n:
         got = _run(model, x)
     assert n == 2 and len(calls) == 2
+    assert through == [transposed, transposed]  # both layers' input gradients (the second's output feeds the first)
     torch.testing.assert_close(got[0], plain[0], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(got[1], plain[1], rtol=1e-5, atol=1e-5)
     assert got[2].keys() == plain[2].keys() and len(plain[2]) == 4  # A and B of both layers

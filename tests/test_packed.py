@@ -33,7 +33,8 @@ def test_packed_linear_is_a_copy_and_falls_back_where_nothing_packs():
     assert torch.equal(double(x.double()), F.linear(x.double(), w.double()))
 
 
-def test_frozen_linears_pack_for_the_block_and_pass_gradients_to_their_input():
+@pytest.mark.parametrize("transposed", [False, True])  # dx = dy W through MKL on W, or through a packed W^T
+def test_frozen_linears_pack_for_the_block_and_pass_gradients_to_their_input(transposed):
     torch.manual_seed(0)
     frozen, trained = torch.nn.Linear(16, 24), torch.nn.Linear(24, 8)
     frozen.requires_grad_(False)
@@ -48,9 +49,10 @@ def test_frozen_linears_pack_for_the_block_and_pass_gradients_to_their_input():
         return out.detach(), x.grad.clone(), trained.weight.grad.clone()
 
     plain = grads()
-    with packed_frozen_linears(model, rows=8) as n:
+    with packed_frozen_linears(model, rows=8, transposed=transposed) as n:
         packed = grads()
         assert "forward" in frozen.__dict__ and "forward" not in trained.__dict__
+        assert ("_thinkrl_packed_t" in frozen.__dict__) == (transposed and n == 1)  # W^T packed only when asked
     assert n == (1 if can_pack(frozen.weight) else 0)
     assert "forward" not in frozen.__dict__  # the class's forward again
     assert frozen.weight.grad is None  # frozen stays frozen
@@ -76,6 +78,10 @@ def test_the_packed_copy_is_kept_across_blocks_until_the_weight_changes():
         if first is not None:
             assert lin.__dict__["_thinkrl_packed"] is not first
         torch.testing.assert_close(model(x), F.linear(x, lin.weight, lin.bias), rtol=1e-5, atol=1e-6)
+    with packed_frozen_linears(model, rows=4, transposed=True):
+        first_t = lin.__dict__.get("_thinkrl_packed_t")
+    with packed_frozen_linears(model, rows=4, transposed=True):
+        assert lin.__dict__.get("_thinkrl_packed_t") is first_t  # W^T too: packed once, kept for the next block
     twin = copy.deepcopy(model)  # packed tensors cannot be copied: a copy carries none and packs its own
     assert twin[0].__dict__.get("_thinkrl_packed") is None
     with packed_frozen_linears(twin, rows=4):

@@ -31,16 +31,19 @@ def process_start() -> None:
 
 
 @contextlib.contextmanager
-def update_pass(policy) -> Iterator[None]:
+def update_pass(policy, transposed: bool = False) -> Iterator[None]:
     """Around one update phase of `policy` (a peft model): packed frozen weights, fused LoRA layers, the
-    completion pass's causal attention; the freed-block cache is emptied after it."""
+    completion pass's causal attention; the freed-block cache is emptied after it. `transposed`: the input
+    gradients through packed copies of W^T as well, for a caller that runs many backward passes through the
+    same frozen weights and has room for a second copy of them (the probe; a training run keeps MKL's
+    dy W, docs/benchmarks.md)."""
     if not enabled():
         yield
         return
     with (
         allocator.phase(),
-        packed.packed_frozen_linears(policy, PACK_ROWS),
-        fused_lora.fused_lora_layers(policy, PACK_ROWS),
+        packed.packed_frozen_linears(policy, PACK_ROWS, transposed),
+        fused_lora.fused_lora_layers(policy, PACK_ROWS, transposed),
         causal_attention.prompt_causal_attention(policy.config),
     ):
         yield

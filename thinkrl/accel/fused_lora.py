@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from thinkrl.accel import kept_outputs
-from thinkrl.accel.packed import PackedLinear, can_pack, kept_packing
+from thinkrl.accel.packed import PackedLinear, can_pack, input_grad, kept_packing
 from thinkrl.models import forwards_replaced
 
 
@@ -27,7 +27,7 @@ class _LoRALinear(torch.autograd.Function):
     """x (..., in) -> (..., out). Gradients flow to x, A (r, in) and B (out, r); W is frozen."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, A: Tensor, B: Tensor, base: PackedLinear, W: Tensor, scale: float, tag) -> Tensor:
+    def forward(ctx, x: Tensor, A: Tensor, B: Tensor, base: PackedLinear, W: Tensor, scale: float, tag, wt: PackedLinear | None) -> Tensor:
         x2 = x.reshape(-1, x.shape[-1])  # (N, in)
         h = x2 @ A.t()  # (N, r)
 
@@ -39,7 +39,7 @@ class _LoRALinear(torch.autograd.Function):
         # (thinkrl/accel/kept_outputs.py); x2 and h, which the backward needs, are recomputed either way
         y = kept_outputs.result(tag, output) if kept_outputs.keeps((x.shape[-1], base.out_features)) else output()
         ctx.save_for_backward(x2, h, A, B)
-        ctx.W, ctx.scale, ctx.shape = W, scale, x.shape
+        ctx.W, ctx.wt, ctx.scale, ctx.shape = W, wt, scale, x.shape
         return y
 
     @staticmethod
@@ -51,8 +51,8 @@ class _LoRALinear(torch.autograd.Function):
         gA = gh.t() @ x2  # (r, in)
         gx = None
         if ctx.needs_input_grad[0]:  # not for the first layer's inputs, which depend on frozen weights only
-            gx = (g @ ctx.W).addmm_(gh, A).view(ctx.shape)  # (..., in)
-        return gx, gA, gB, None, None, None, None
+            gx = input_grad(g, ctx.W, ctx.wt).addmm_(gh, A).view(ctx.shape)  # (..., in)
+        return gx, gA, gB, None, None, None, None, None
 
 
 def _adapter(m, x: Tensor, base: PackedLinear, args: tuple, kwargs: dict) -> str | None:
@@ -71,13 +71,13 @@ def _adapter(m, x: Tensor, base: PackedLinear, args: tuple, kwargs: dict) -> str
     return name
 
 
-def _fused_forward(m, base: PackedLinear, plain):
+def _fused_forward(m, base: PackedLinear, plain, wt: PackedLinear | None):
     def forward(x: Tensor, *args, **kwargs) -> Tensor:
         name = _adapter(m, x, base, args, kwargs)
         if name is None:
             return plain(x, *args, **kwargs)
         A, B = m.lora_A[name].weight, m.lora_B[name].weight
-        return _LoRALinear.apply(x, A, B, base, m.base_layer.weight.detach(), m.scaling[name], m)
+        return _LoRALinear.apply(x, A, B, base, m.base_layer.weight.detach(), m.scaling[name], m, wt)
 
     return forward
 
@@ -92,12 +92,18 @@ def _lora_linears(model: torch.nn.Module) -> list:
 
 
 @contextlib.contextmanager
-def fused_lora_layers(model: torch.nn.Module, rows: int) -> Iterator[int]:
+def fused_lora_layers(model: torch.nn.Module, rows: int, transposed: bool = False) -> Iterator[int]:
     """Inside the block every peft LoRA Linear of `model` whose frozen base oneDNN can pack runs as one fused
     operation (falling back to peft's forward for a call it does not cover); the packed base is the one
-    packed.py keeps on the module. Yields how many layers were replaced."""
+    packed.py keeps on the module, and with `transposed` the input gradient runs through a packed W^T kept
+    beside it. Yields how many layers were replaced."""
     layers = _lora_linears(model)
-    with forwards_replaced({m: _fused_forward(m, kept_packing(m.base_layer, rows), m.forward) for m in layers}):
+
+    def fused(m):
+        wt = kept_packing(m.base_layer, rows, True) if transposed else None
+        return _fused_forward(m, kept_packing(m.base_layer, rows), m.forward, wt)
+
+    with forwards_replaced({m: fused(m) for m in layers}):
         yield len(layers)
 
 

@@ -58,26 +58,33 @@ class PackedLinear:
 
 class _FrozenLinear(torch.autograd.Function):
     """y = x W^T + b for a frozen W, the forward through the packed weight. The gradient flows to x alone,
-    dx = dy W, through the plain W: packing W^T as well measured only a few per cent faster at the cost of
-    another copy of every weight."""
+    dx = dy W: through the plain W, or through a packed W^T (`transposed`) where a caller asked for one."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, packed: PackedLinear, weight: Tensor) -> Tensor:
-        ctx.weight = weight
+    def forward(ctx, x: Tensor, packed: PackedLinear, weight: Tensor, transposed: PackedLinear | None) -> Tensor:
+        ctx.weight, ctx.transposed = weight, transposed
         return packed(x)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        return grad @ ctx.weight, None, None
+        return input_grad(grad, ctx.weight, ctx.transposed), None, None, None
 
 
-def kept_packing(m: torch.nn.Linear, rows: int) -> PackedLinear:
-    """m's packed weight, made again only when the weight tensor was replaced or written in place."""
+def input_grad(grad: Tensor, weight: Tensor, transposed: PackedLinear | None) -> Tensor:
+    """dy W for a frozen W (out, in): through its packed transpose when there is one, else MKL on W.  (N, out) -> (N, in)"""
+    return transposed(grad) if transposed is not None else grad @ weight
+
+
+def kept_packing(m: torch.nn.Linear, rows: int, transposed: bool = False) -> PackedLinear:
+    """m's packed weight (`transposed`: its W^T, so that dy W runs as a packed linear), made again only when
+    the weight tensor was replaced or written in place."""
     stamp = (m.weight.data_ptr(), m.weight._version, None if m.bias is None else (m.bias.data_ptr(), m.bias._version))
-    kept = m.__dict__.get("_thinkrl_packed")
+    key = "_thinkrl_packed_t" if transposed else "_thinkrl_packed"
+    kept = m.__dict__.get(key)
     if kept is None or kept.stamp != stamp:
-        kept = _Kept(stamp, PackedLinear(m.weight, m.bias, rows))
-        m.__dict__["_thinkrl_packed"] = kept
+        linear = PackedLinear(m.weight.t().contiguous(), None, rows) if transposed else PackedLinear(m.weight, m.bias, rows)
+        kept = _Kept(stamp, linear)
+        m.__dict__[key] = kept
     return kept.linear
 
 
@@ -95,17 +102,22 @@ class _Kept:
         return type(None), ()
 
 
-def _frozen_forward(packed: PackedLinear, weight: Tensor):
-    return lambda x: _FrozenLinear.apply(x, packed, weight)
+def _frozen_forward(packed: PackedLinear, weight: Tensor, transposed: PackedLinear | None):
+    return lambda x: _FrozenLinear.apply(x, packed, weight, transposed)
 
 
 @contextlib.contextmanager
-def packed_frozen_linears(model: torch.nn.Module, rows: int) -> Iterator[int]:
+def packed_frozen_linears(model: torch.nn.Module, rows: int, transposed: bool = False) -> Iterator[int]:
     """Inside the block, every frozen nn.Linear of `model` (a LoRA base layer) runs its forward through a
     packed copy of its weight; trainable ones are untouched. The copy is kept on the module for the next
     block (a frozen weight does not change: packing once per run, not once per step, saves ~0.2 s a step for
     SmolLM2 here) and made again if the weight was written since. Memory: one more copy of the frozen
-    weights. Yields how many layers run packed (0 where nothing can be)."""
+    weights, two with `transposed` (W^T packed too, for the input gradient). Yields how many layers run
+    packed (0 where nothing can be)."""
     frozen = [m for m in model.modules() if type(m) is torch.nn.Linear and not m.weight.requires_grad and can_pack(m.weight)]
-    with forwards_replaced({m: _frozen_forward(kept_packing(m, rows), m.weight.detach()) for m in frozen}):
+
+    def frozen_forward(m):
+        return _frozen_forward(kept_packing(m, rows), m.weight.detach(), kept_packing(m, rows, True) if transposed else None)
+
+    with forwards_replaced({m: frozen_forward(m) for m in frozen}):
         yield len(frozen)

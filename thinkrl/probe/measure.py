@@ -217,7 +217,7 @@ def replicate_rows(data: Rollouts, ps: ProbeSettings) -> list[Tensor]:
 
 def run_replicates(policy, params, data: Rollouts, d: Directions, ps: ProbeSettings, advance) -> list[dict[str, dict]]:
     results = []
-    with dropout_off(policy), accel.update_pass(policy):
+    with dropout_off(policy), accel.update_pass(policy, transposed=True):
         for rows in replicate_rows(data, ps):
             results.append(replicate(policy, params, data, list(ps.methods), rows, d))
             advance()

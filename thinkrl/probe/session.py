@@ -65,14 +65,14 @@ def run_probe(cfg: Config, ps: ProbeSettings, checkpoint: Path | None = None) ->
             sampled, used = _groups_with_spread(ctx, order, want, ps.seed, device)
             t_sampled = time.perf_counter()
             theta0 = [p.detach().clone() for p in params] if ps.stale_updates else None
-            with dropout_off(policy), accel.update_pass(policy):
+            with dropout_off(policy), accel.update_pass(policy, transposed=True):
                 data = _starting_rollouts(sampled, policy, pad, cfg, ps, methods)
                 stale_steps(policy, params, data, torch.arange(ps.stale_prompts), get_method("grpo"), cfg, ps.stale_updates)
             fresh = _reference(ctx, policy, order[used:], ps, device)
     finally:
         engine.close()
     ref = Rollouts(fresh, policy, pad, temperature)
-    with dropout_off(policy), accel.update_pass(policy):
+    with dropout_off(policy), accel.update_pass(policy, transposed=True):
         d, kl = directions(policy, params, ref, theta0)
     start = {
         "reward_mean": float(data.s.rewards.mean()),
