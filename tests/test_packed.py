@@ -34,7 +34,12 @@ def test_packed_linear_is_a_copy_and_falls_back_where_nothing_packs():
 
 
 @pytest.mark.parametrize("transposed", [False, True])  # dx = dy W through MKL on W, or through a packed W^T
-def test_frozen_linears_pack_for_the_block_and_pass_gradients_to_their_input(transposed):
+def test_frozen_linears_pack_for_the_block_and_pass_gradients_to_their_input(transposed, monkeypatch):
+    import thinkrl.accel.packed as packed_module
+
+    through = []  # per backward: did dx run through a packed W^T?
+    plain_input_grad = packed_module.input_grad
+    monkeypatch.setattr(packed_module, "input_grad", lambda g, w, wt: (through.append(wt is not None), plain_input_grad(g, w, wt))[1])
     torch.manual_seed(0)
     frozen, trained = torch.nn.Linear(16, 24), torch.nn.Linear(24, 8)
     frozen.requires_grad_(False)
@@ -54,6 +59,7 @@ def test_frozen_linears_pack_for_the_block_and_pass_gradients_to_their_input(tra
         assert "forward" in frozen.__dict__ and "forward" not in trained.__dict__
         assert ("_thinkrl_packed_t" in frozen.__dict__) == (transposed and n == 1)  # W^T packed only when asked
     assert n == (1 if can_pack(frozen.weight) else 0)
+    assert through == ([transposed] if n == 1 else [])  # the block's one backward through the frozen layer
     assert "forward" not in frozen.__dict__  # the class's forward again
     assert frozen.weight.grad is None  # frozen stays frozen
     for a, b in zip(plain, packed):

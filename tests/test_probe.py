@@ -125,7 +125,12 @@ def test_a_method_whose_loss_reads_what_the_probe_does_not_build_is_refused():
 
 
 def test_the_probe_command_writes_paired_adjusted_comparisons(tiny_model_dir, tmp_path, monkeypatch):
+    import thinkrl.accel.fused_lora as fused
+
     monkeypatch.chdir(tmp_path)
+    packed_t = []  # per LoRA input gradient: through a packed W^T? (the probe asks for it; training does not)
+    plain_input_grad = fused.input_grad
+    monkeypatch.setattr(fused, "input_grad", lambda g, w, wt: (packed_t.append(wt is not None), plain_input_grad(g, w, wt))[1])
     shared = tiny_args(tiny_model_dir, tmp_path / "unused")
     overrides = [x for i, a in enumerate(shared) if a == "-o" and "train.steps" not in shared[i + 1] for x in ("-o", shared[i + 1])]
     args = ["probe", "--model", str(tiny_model_dir), "--methods", "grpo,gspo,cispo", "--replicates", "3", "--stale-prompts", "2"]
@@ -140,6 +145,7 @@ def test_the_probe_command_writes_paired_adjusted_comparisons(tiny_model_dir, tm
     assert "## Paired differences" in (tmp_path / "out" / "probe.md").read_text()
     assert "probe: out/probe.md" in result.output
     assert "more with a reward spread (round 1)" in result.output  # the silent minutes of sampling say what they are
+    assert packed_t and all(packed_t)  # stale steps, reference and replicates: every backward through the packed W^T
 
 
 def test_bad_probe_flags_fail_in_one_line():

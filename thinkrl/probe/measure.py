@@ -105,6 +105,15 @@ def flat_grad(loss: Tensor, params: list[Tensor], retain: bool) -> Tensor:
     return torch.cat([(g if g is not None else torch.zeros_like(p)).reshape(-1) for g, p in zip(grads, params)])
 
 
+@contextlib.contextmanager
+def probe_pass(policy) -> Iterator[None]:
+    """Around the probe's passes with gradients: dropout off and the update phase's CPU speed-ups, with the input
+    gradients through packed copies of W^T too (accel.update_pass): hundreds of backward passes go through the
+    same frozen weights, and the probe has room for the second copy that a training run does not."""
+    with dropout_off(policy), accel.update_pass(policy, transposed=True):
+        yield
+
+
 def stale_steps(policy, params: list[Tensor], data: Rollouts, groups: Tensor, grpo: Method, cfg: Config, n: int) -> None:
     """theta0 -> theta1: n AdamW steps of grpo's loss on these groups (the earlier mini-batches of a phase), each
     accumulated over chunks with the batch's global counts."""
@@ -217,7 +226,7 @@ def replicate_rows(data: Rollouts, ps: ProbeSettings) -> list[Tensor]:
 
 def run_replicates(policy, params, data: Rollouts, d: Directions, ps: ProbeSettings, advance) -> list[dict[str, dict]]:
     results = []
-    with dropout_off(policy), accel.update_pass(policy, transposed=True):
+    with probe_pass(policy):
         for rows in replicate_rows(data, ps):
             results.append(replicate(policy, params, data, list(ps.methods), rows, d))
             advance()

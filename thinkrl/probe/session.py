@@ -14,13 +14,12 @@ from pathlib import Path
 
 import torch
 
-from thinkrl import accel, setup
+from thinkrl import setup
 from thinkrl.config import Config
 from thinkrl.errors import UserError
-from thinkrl.learner.logprobs import dropout_off
 from thinkrl.methods import get_method
 from thinkrl.models import eos_ids, load_policy, load_tokenizer, resolve_path
-from thinkrl.probe.measure import ProbeSettings, as_arm, check_method, directions, replicate_rows, run_replicates, stale_steps
+from thinkrl.probe.measure import ProbeSettings, as_arm, check_method, directions, probe_pass, replicate_rows, run_replicates, stale_steps
 from thinkrl.probe.rollouts import Rollouts
 from thinkrl.rollout.collect import RolloutContext, RolloutPlan, StepSamples, collect
 from thinkrl.rollout.completions import Completions
@@ -65,14 +64,14 @@ def run_probe(cfg: Config, ps: ProbeSettings, checkpoint: Path | None = None) ->
             sampled, used = _groups_with_spread(ctx, order, want, ps.seed, device)
             t_sampled = time.perf_counter()
             theta0 = [p.detach().clone() for p in params] if ps.stale_updates else None
-            with dropout_off(policy), accel.update_pass(policy, transposed=True):
+            with probe_pass(policy):
                 data = _starting_rollouts(sampled, policy, pad, cfg, ps, methods)
                 stale_steps(policy, params, data, torch.arange(ps.stale_prompts), get_method("grpo"), cfg, ps.stale_updates)
             fresh = _reference(ctx, policy, order[used:], ps, device)
     finally:
         engine.close()
     ref = Rollouts(fresh, policy, pad, temperature)
-    with dropout_off(policy), accel.update_pass(policy, transposed=True):
+    with probe_pass(policy):
         d, kl = directions(policy, params, ref, theta0)
     start = {
         "reward_mean": float(data.s.rewards.mean()),
