@@ -73,10 +73,13 @@ class _KeptAttention(torch.autograd.Function):
 
 
 def supported(config) -> bool:
+    return _TORCH >= (2, 5) and getattr(config, "_attn_implementation", None) == "sdpa" and full_attention(config)  # SDPA's enable_gqa
+
+
+def full_attention(config) -> bool:
+    """A decoder of MODEL_TYPES whose every layer attends to all earlier positions (no sliding window)."""
     return (
-        _TORCH >= (2, 5)  # SDPA's enable_gqa
-        and getattr(config, "_attn_implementation", None) == "sdpa"
-        and getattr(config, "model_type", None) in MODEL_TYPES
+        getattr(config, "model_type", None) in MODEL_TYPES
         and not getattr(config, "use_sliding_window", False)
         and all(t == "full_attention" for t in getattr(config, "layer_types", None) or ())
     )

@@ -56,15 +56,17 @@ def token_logprobs(
     checkpoint: bool = False,
     keep: frozenset = frozenset(),
     entropy_grad: bool = False,
+    packed: bool = False,
 ) -> LogProbs:
     """log pi(y_t) (B, T) of `completions` after their `prompts`, under softmax(logits / temperature); with
     `entropy` its entropy (B, T), detached unless `entropy_grad` (which implies `entropy`: an entropy term in a
     loss), with topk_ids (B, T, K) log pi at those ids (B, T, K). The head runs only on
     generated positions (mask == 1), in chunks; under autograd each chunk is checkpointed or uses FusedHead.
     `checkpoint` recomputes each decoder layer in the backward (less memory, same values), but for the outputs
-    of linear layers of the (in_features, out_features) shapes in `keep` (thinkrl/accel/kept_outputs.py)."""
+    of linear layers of the (in_features, out_features) shapes in `keep` (thinkrl/accel/kept_outputs.py).
+    `packed`: the completion pass without padding where the model allows it (forward.hidden_states)."""
     entropy = entropy or entropy_grad
-    h, y, head, config = forward.hidden_states(model, prompts, completions, mask, pad_id, checkpoint, keep)
+    h, y, head, config = forward.hidden_states(model, prompts, completions, mask, pad_id, checkpoint, keep, packed)
     ids = topk_ids[mask] if topk_ids is not None else None  # (N, K)
     rows = max(1, forward.CHUNK_ELEMS // head.weight.shape[0])
     parts: list[tuple[Tensor, Tensor, Tensor]] = []

@@ -60,7 +60,7 @@ class Rollouts:
         ids = [self.prompt_ids[i] for i in rows.tolist()]
         at = self.topk_ids[rows, :T] if topk and self.topk_ids is not None else None  # (b, T, K)
         return token_logprobs(policy, ids, comp.tokens[rows, :T], comp.mask[rows, :T], self.pad, self.temperature, entropy, at, False,
-                              frozenset(), entropy_grad)  # fmt: skip
+                              frozenset(), entropy_grad, packed=True)  # fmt: skip
 
     @torch.no_grad()
     def record_topk(self, policy, K: int) -> None:
@@ -112,7 +112,7 @@ class Rollouts:
         comp = self.s.comp
         T = int(comp.lengths[rows].max())
         ids = [self.prompt_ids[i] for i in rows.tolist()]
-        h, _, head, config = hidden_states(policy, ids, comp.tokens[rows, :T], comp.mask[rows, :T], self.pad)
+        h, _, head, config = hidden_states(policy, ids, comp.tokens[rows, :T], comp.mask[rows, :T], self.pad, packed=True)
         return torch.log_softmax(tempered_logits(head, config, h, self.temperature), -1)
 
     def chunks(self, groups: Tensor | None = None, per_chunk: int = 2) -> list[Tensor]:
