@@ -1,7 +1,8 @@
 """The forward over given completions after their prompts: the hidden state that predicts each generated
 token, with one prompt forward per group (completions of a group attend to its differentiable key/value
 cache). The trainer's log-probs (learner/logprobs.py) and the distributions a sampler records
-(rollout/engines/hf.py, learner/old_policy.py) both run it.
+(rollout/engines/hf.py, learner/old_policy.py) both run it. The probe, whose many passes are over short
+completions of uneven length, asks for the packed form: a group's completions back to back without padding.
 """
 
 from __future__ import annotations
