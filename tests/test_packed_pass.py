@@ -33,7 +33,7 @@ def _pass(model, packed: bool):
 
 
 def _rows_of_completion_passes(model, monkeypatch) -> list[tuple[int, int]]:
-    """(rows, positions) of each body call whose input is not a prompt pass (the prompt pass is the first)."""
+    """(rows, positions) of every body call: each token_logprobs makes a prompt pass, then a completion pass."""
     body, _, _ = forward.body_and_head(model)
     calls, real = [], body.forward
     monkeypatch.setattr(body, "forward", lambda *a, **k: (calls.append(tuple(k["input_ids"].shape)), real(*a, **k))[1])
