@@ -141,3 +141,31 @@ def test_the_update_phase_blocks_give_the_plain_log_probs_and_gradients(tiny_mod
     torch.testing.assert_close(got[1], plain[1], rtol=1e-5, atol=1e-5)
     for name in plain[2]:
         torch.testing.assert_close(got[2][name], plain[2][name], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.skipif(not can_pack(torch.zeros(2, 2)), reason="oneDNN cannot pack float32 weights in this torch build")
+def test_split_gradients_are_each_segments_own():
+    """Inside segment_grads, the layers split A's and B's gradients by runs of input rows: segment k's part of
+    one backward over the whole batch equals peft's gradient of segment k's loss alone, a layer called twice
+    (x, then z) adds both calls, and the parts sum to the whole. A call whose rows do not split is refused."""
+    model = _model()
+    params = [p for p in model.parameters() if p.requires_grad]
+    x, z = torch.randn(4, 5, 32), torch.randn(2, 3, 32)  # (rows, positions, in): 2 segments of 2 rows, then of 1
+    c = torch.linspace(-1, 2, 16)
+
+    def loss(xs, zs):
+        return (model(xs).square() * c).sum() + model(zs).sum()
+
+    own = [torch.cat([g.reshape(-1) for g in torch.autograd.grad(loss(x[2 * k : 2 * k + 2], z[k : k + 1]), params)]) for k in (0, 1)]
+    with fused_lora_layers(model, rows=8), fused.segment_grads(2) as seg:
+        whole = torch.cat([g.reshape(-1) for g in torch.autograd.grad(loss(x, z), params)])
+        assert seg.covers(params)
+        split = seg.flat(params)  # (2, P)
+    assert split.shape == (2, whole.numel())
+    for k in (0, 1):
+        torch.testing.assert_close(split[k], own[k], rtol=1e-4, atol=1e-4)  # float32 sums in another order
+    torch.testing.assert_close(split.sum(0), whole, rtol=1e-4, atol=1e-4)
+    with fused_lora_layers(model, rows=8), fused.segment_grads(2) as seg:
+        model(torch.randn(3, 5, 32))  # 3 rows: not two equal runs
+        assert not seg.covers(params)
+    assert fused._segments is None  # the block leaves no split behind

@@ -18,7 +18,8 @@ from thinkrl.data.prompts import Prompt
 from thinkrl.errors import UserError
 from thinkrl.learner import method_calls
 from thinkrl.methods import get_method
-from thinkrl.probe.measure import Directions, check_method, directions, flat_grad, kl_from_start, reference, replicate, weights
+from thinkrl.probe.measure import Directions, check_method, directions, flat_grad, kl_from_start, reference, weights
+from thinkrl.probe.replicates import replicate
 from thinkrl.probe.rollouts import Rollouts
 from thinkrl.rollout.collect import StepSamples
 from thinkrl.rollout.completions import Request, Sampling

@@ -19,7 +19,8 @@ from thinkrl.cli import app
 from thinkrl.config import Config
 from thinkrl.errors import UserError
 from thinkrl.methods import get_method
-from thinkrl.probe.measure import ProbeArm, directions, replicate
+from thinkrl.probe.measure import ProbeArm, directions
+from thinkrl.probe.replicates import replicate
 from thinkrl.probe.report import summarise
 from thinkrl.probe.rollouts import Rollouts
 from thinkrl.probe.spec import load_probe_file

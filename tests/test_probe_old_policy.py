@@ -18,7 +18,8 @@ from thinkrl.cli import app
 from thinkrl.data.prompts import Prompt
 from thinkrl.errors import UserError
 from thinkrl.probe import session
-from thinkrl.probe.measure import ProbeArm, ProbeSettings, directions, replicate
+from thinkrl.probe.measure import ProbeArm, ProbeSettings, directions
+from thinkrl.probe.replicates import replicate
 from thinkrl.probe.rollouts import Rollouts
 from thinkrl.probe.spec import load_probe_file
 from thinkrl.rollout.collect import StepSamples

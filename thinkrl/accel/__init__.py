@@ -9,7 +9,8 @@ step), native.py (builds the C/C++ sources on first use). None of them changes a
 rounding; tests/test_accel_switch.py runs the core both ways.
 
 The hooks: `process_start` (once per process), `update_pass` (around one update phase), `phase_end` (after a
-generation), `checkpoint_kwargs` / `kept_linears` / `attention_marks` (inside a training forward) and
+generation), `checkpoint_kwargs` / `kept_linears` / `attention_marks` (inside a training forward),
+`segment_grads` (the probe: one gradient per replicate from one backward over several) and
 `decode_attention_usable` (the lean decoder, whose packed.PackedLinear is plain F.linear when off).
 """
 
@@ -47,6 +48,18 @@ def update_pass(policy, transposed: bool = False) -> Iterator[None]:
         causal_attention.prompt_causal_attention(policy.config),
     ):
         yield
+
+
+@contextlib.contextmanager
+def segment_grads(segments: int) -> Iterator[fused_lora.SegmentGrads | None]:
+    """Inside an update_pass: the fused LoRA layers' gradients split into `segments` runs of batch rows
+    (fused_lora.SegmentGrads), for a caller that wants each part of a batch's own gradient from one backward;
+    None when off, and the caller runs the parts one by one."""
+    if not enabled():
+        yield None
+        return
+    with fused_lora.segment_grads(segments) as seg:
+        yield seg
 
 
 def phase_end() -> None:

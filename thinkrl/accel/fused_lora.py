@@ -6,7 +6,8 @@ each is fresh memory the kernel zero-fills on first touch, which costs more than
 (docs/benchmarks.md). Here the forward writes one output and the backward one input gradient, with only
 (tokens x rank) temporaries beside them. The value differs from peft's by rounding only. Layers this does not
 cover (DoRA and other variants, several active adapters, a LoRA bias, merged or disabled adapters, active
-dropout, mixed dtypes, autocast) keep peft's forward.
+dropout, mixed dtypes, autocast) keep peft's forward. Inside `segment_grads` the backward also keeps A's and
+B's gradients split by runs of input rows (one per segment of the batch), which a whole gradient sums over.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ class _LoRALinear(torch.autograd.Function):
         y = kept_outputs.result(tag, output) if kept_outputs.keeps((x.shape[-1], base.out_features)) else output()
         ctx.save_for_backward(x2, h, A, B)
         ctx.W, ctx.wt, ctx.scale, ctx.shape = W, wt, scale, x.shape
+        ctx.segments, ctx.keys = (_segments if _segments is not None and _segments.takes(x, A, B) else None), (id(A), id(B))
         return y
 
     @staticmethod
@@ -47,12 +49,66 @@ class _LoRALinear(torch.autograd.Function):
         x2, h, A, B = ctx.saved_tensors
         g = grad.reshape(-1, grad.shape[-1])  # (N, out)
         gh = (g @ B).mul_(ctx.scale)  # (N, r): the gradient reaching A's output
-        gB = (g.t() @ h).mul_(ctx.scale)  # (out, r)
-        gA = gh.t() @ x2  # (r, in)
+        if ctx.segments is not None:
+            gA, gB = ctx.segments.add(ctx.keys, x2, h, g, gh, ctx.scale)
+        else:
+            gB = (g.t() @ h).mul_(ctx.scale)  # (out, r)
+            gA = gh.t() @ x2  # (r, in)
         gx = None
         if ctx.needs_input_grad[0]:  # not for the first layer's inputs, which depend on frozen weights only
             gx = input_grad(g, ctx.W, ctx.wt).addmm_(gh, A).view(ctx.shape)  # (..., in)
         return gx, gA, gB, None, None, None, None, None
+
+
+class SegmentGrads:
+    """Each fused layer's A and B gradients split by segment: the rows (leading dimension) of every input the
+    layer sees cut into `n` equal runs, run k being segment k's. For a batch of n independent parts laid out
+    in order, equally many rows each (the probe's replicates), that is each part's own gradient: the whole
+    one is their sum, so the split costs no more arithmetic than the sum."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.grads, self.seen, self.even = n, {}, set(), True
+
+    def takes(self, x: Tensor, A: Tensor, B: Tensor) -> bool:
+        """Whether this call's rows split into the n segments (records the layer's A and B as seen)."""
+        self.seen.update((id(A), id(B)))
+        ok = x.dim() == 3 and x.shape[0] % self.n == 0  # (rows, positions, in)
+        self.even = self.even and ok
+        return ok
+
+    def add(self, keys: tuple[int, int], x2: Tensor, h: Tensor, g: Tensor, gh: Tensor, scale: float) -> tuple[Tensor, Tensor]:
+        """Adds one call's per-segment gradients of A and B; returns their sums (the layer's whole gradients)."""
+        n = self.n
+        gA = torch.bmm(gh.reshape(n, -1, gh.shape[-1]).transpose(1, 2), x2.reshape(n, -1, x2.shape[-1]))  # (n, r, in)
+        gB = torch.bmm(g.reshape(n, -1, g.shape[-1]).transpose(1, 2), h.reshape(n, -1, h.shape[-1])).mul_(scale)  # (n, out, r)
+        for key, part in zip(keys, (gA, gB)):
+            self.grads[key] = self.grads[key].add_(part) if key in self.grads else part  # a layer called twice (prompt, completions)
+        return gA.sum(0), gB.sum(0)
+
+    def covers(self, params: list[Tensor]) -> bool:
+        """Whether every one of `params` went through a fused layer, in calls that split evenly."""
+        return self.even and all(id(p) in self.seen for p in params)
+
+    def flat(self, params: list[Tensor]) -> Tensor:
+        """Each segment's gradient of `params`, flattened in their order; then cleared for the next backward.  (n, P)"""
+        got = [self.grads.get(id(p)) for p in params]  # None: a parameter the loss does not reach
+        out = torch.cat([g.reshape(self.n, -1) if g is not None else p.new_zeros(self.n, p.numel()) for g, p in zip(got, params)], 1)
+        self.grads = {}
+        return out
+
+
+_segments: SegmentGrads | None = None
+
+
+@contextlib.contextmanager
+def segment_grads(n: int) -> Iterator[SegmentGrads]:
+    """Inside the block, fused layers keep their A and B gradients split into n segments (SegmentGrads)."""
+    global _segments
+    _segments = SegmentGrads(n)
+    try:
+        yield _segments
+    finally:
+        _segments = None
 
 
 def _adapter(m, x: Tensor, base: PackedLinear, args: tuple, kwargs: dict) -> str | None:

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -194,40 +194,3 @@ def reference(policy, params: list[Tensor], ref: Rollouts) -> tuple[Tensor, Tens
         h = flat_grad((lp.entropy * m).sum() / N, params, retain=False)
         g_ref, g_h = (a, h) if g_ref is None else (g_ref + a, g_h + h)
     return g_ref, g_h
-
-
-def replicate(policy, params, data: Rollouts, arms: list[str | ProbeArm], rows: Tensor, d: Directions) -> dict[str, dict]:
-    """One mini-batch, every method's gradient on it, and what each would do. Each method is built afresh, so a
-    controller that begin_step moves (stare's, ais's) starts every replicate in the same state."""
-    labels = [as_arm(a).label for a in arms]
-    methods, out = [as_arm(a).build() for a in arms], {}
-    topk = any("topk_logp" in m.requires for m in methods)
-    lp = data.logprobs(policy, rows, entropy=any("entropy" in m.requires for m in methods), topk=topk)
-    for i, (label, m) in enumerate(zip(labels, methods)):
-        at_topk = lp.topk_logp if "topk_logp" in m.requires else None
-        batch = data.batch(m, rows, lp.logp, lp.entropy.detach() if lp.entropy is not None else None, at_topk)
-        method_calls.begin_step(m, replace(batch, logp=batch.logp.detach()))
-        loss, metrics = method_calls.loss(m, batch)
-        g = flat_grad(loss, params, retain=i < len(methods) - 1)
-        norm, ref_norm = float(g.norm()), float(d.g_ref.norm())
-        cos = float(-(g @ d.g_ref)) / (norm * ref_norm) if norm > 0 and ref_norm > 0 else None  # no update, no direction
-        clip = next((float(metrics[k]) for k in CLIP_KEYS if k in metrics), None)
-        slopes = {"entropy_slope": float(-(g @ d.g_h)), "kl_slope": float(-(g @ d.g_kl))}
-        unit = slopes["entropy_slope"] / norm if norm > 0 else None
-        out[label] = {"grad_norm": norm, "cos_ref": cos, **slopes, "clip_frac": clip, "entropy_slope_unit": unit}
-    return out
-
-
-def replicate_rows(data: Rollouts, ps: ProbeSettings) -> list[Tensor]:
-    """Replicate r's rows: groups [stale_prompts + r * groups, ...) of the rollouts, each used once."""
-    first = [ps.stale_prompts + r * ps.groups for r in range(ps.replicates)]
-    return [data.group_rows(torch.arange(f, f + ps.groups)) for f in first]
-
-
-def run_replicates(policy, params, data: Rollouts, d: Directions, ps: ProbeSettings, advance) -> list[dict[str, dict]]:
-    results = []
-    with probe_pass(policy):
-        for rows in replicate_rows(data, ps):
-            results.append(replicate(policy, params, data, list(ps.methods), rows, d))
-            advance()
-    return results

@@ -19,7 +19,8 @@ from thinkrl.config import Config
 from thinkrl.errors import UserError
 from thinkrl.methods import get_method
 from thinkrl.models import eos_ids, load_policy, load_tokenizer, resolve_path
-from thinkrl.probe.measure import ProbeSettings, as_arm, check_method, directions, probe_pass, replicate_rows, run_replicates, stale_steps
+from thinkrl.probe.measure import ProbeSettings, as_arm, check_method, directions, probe_pass, stale_steps
+from thinkrl.probe.replicates import replicate_rows, run_replicates
 from thinkrl.probe.rollouts import Rollouts
 from thinkrl.rollout.collect import RolloutContext, RolloutPlan, StepSamples, collect
 from thinkrl.rollout.completions import Completions
@@ -89,7 +90,7 @@ def run_probe(cfg: Config, ps: ProbeSettings, checkpoint: Path | None = None) ->
     )
     with progress() as bar:
         task = bar.add_task("probe", total=ps.replicates, info=", ".join(as_arm(a).label for a in ps.methods))
-        results = run_replicates(policy, params, data, d, ps, lambda: bar.advance(task))
+        results = run_replicates(policy, params, data, d, ps, lambda n: bar.advance(task, n))
     start["seconds"] = time.perf_counter() - t0
     return results, start
 
