@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_probe import G, samples
+from test_probe import samples
 from tiny import tiny_lora_model
 
 import thinkrl.probe.replicates as R
@@ -31,6 +31,18 @@ def _setup(tiny_model_dir, prompts):
     return policy, params, data, d
 
 
+def _tokens(data: Rollouts, rows: torch.Tensor) -> int:
+    """A replicate's tokens as its forward runs them: its group's prompt once, then every completion."""
+    return len(data.prompt_ids[int(rows[0])]) + int(data.s.comp.lengths[rows].sum())
+
+
+def _budget_for_three(monkeypatch, data: Rollouts, ps: ProbeSettings) -> None:
+    """PASS_TOKENS that fits the first three replicates exactly: 5 replicates run as a pass of 3, then of 2."""
+    tokens = [_tokens(data, rows) for rows in R.replicate_rows(data, ps)]
+    assert sum(tokens[3:]) <= sum(tokens[:3])  # the last two fit one pass of that size
+    monkeypatch.setattr(R, "PASS_TOKENS", sum(tokens[:3]))
+
+
 def _passes(monkeypatch) -> list[int]:
     """How many replicates each pass that kept their gradients apart measured."""
     seen, real = [], R._together
@@ -49,7 +61,7 @@ def _passes(monkeypatch) -> list[int]:
 def test_replicates_together_give_the_numbers_of_one_at_a_time(tiny_model_dir, monkeypatch, arms):
     policy, params, data, d = _setup(tiny_model_dir, PROMPTS)
     ps = ProbeSettings(arms, replicates=5, stale_prompts=1)
-    monkeypatch.setattr(R, "PER_PASS", 3)  # 5 replicates: a pass of 3, then one of 2
+    _budget_for_three(monkeypatch, data, ps)
     passes = _passes(monkeypatch)
     together = R.run_replicates(policy, params, data, d, ps, lambda n: None)
     with probe_pass(policy):
@@ -73,7 +85,7 @@ def test_replicates_sharing_a_prompt_run_one_at_a_time(tiny_model_dir, monkeypat
     prompts = [*PROMPTS[:2], PROMPTS[1], *PROMPTS[3:]]
     policy, params, data, d = _setup(tiny_model_dir, prompts)
     ps = ProbeSettings(("grpo", "cispo"), replicates=5, stale_prompts=1)
-    monkeypatch.setattr(R, "PER_PASS", 3)
+    _budget_for_three(monkeypatch, data, ps)
     passes = _passes(monkeypatch)
     together = R.run_replicates(policy, params, data, d, ps, lambda n: None)
     with probe_pass(policy):
@@ -82,3 +94,12 @@ def test_replicates_sharing_a_prompt_run_one_at_a_time(tiny_model_dir, monkeypat
     for got, want in zip(together, alone):
         assert got["cispo"]["grad_norm"] == pytest.approx(want["cispo"]["grad_norm"], rel=1e-4)
         assert got["grpo"]["entropy_slope"] == pytest.approx(want["grpo"]["entropy_slope"], rel=1e-4, abs=1e-7)
+
+
+def test_a_replicate_over_the_token_budget_runs_alone(tiny_model_dir, monkeypatch):
+    policy, params, data, d = _setup(tiny_model_dir, PROMPTS)
+    ps = ProbeSettings(("grpo", "cispo"), replicates=3, stale_prompts=1)
+    monkeypatch.setattr(R, "PASS_TOKENS", 1)  # less than any replicate
+    passes = _passes(monkeypatch)
+    assert [len(p) for p in R._passes(data, R.replicate_rows(data, ps))] == [1, 1, 1]
+    assert len(R.run_replicates(policy, params, data, d, ps, lambda n: None)) == 3 and passes == []

@@ -1,12 +1,13 @@
 """The probe's replicates: every method's gradient on each replicate's mini-batch, and what it would do
 (the measures, thinkrl/probe/measure.py).
 
-Replicates run PER_PASS at a time where the CPU's fused LoRA layers can split a gradient by replicate
+Replicates run several at a time where the CPU's fused LoRA layers can split a gradient by replicate
 (accel.segment_grads): one forward over all of them and, per method, one backward of the sum of their losses,
 each replicate's own gradient kept apart by the layers. A replicate's few short completions make small
-matrices, which a CPU multiplies far below its peak; eight at once run at about half the time each. Elsewhere
-(a GPU, THINKRL_ACCEL=0, layers the fusion does not cover, two replicates that share a prompt) they run one by
-one, with the same numbers up to float rounding.
+matrices, which a CPU multiplies far below its peak; eight at once run in a little over half the time each. A
+pass holds up to PASS_TOKENS tokens (its activations grow with them), so long completions still run one by
+one. Elsewhere (a GPU, THINKRL_ACCEL=0, layers the fusion does not cover, two replicates that share a prompt)
+they run one by one, with the same numbers up to float rounding.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from thinkrl.learner import method_calls
 from thinkrl.probe.measure import CLIP_KEYS, Directions, ProbeArm, ProbeSettings, as_arm, flat_grad, probe_pass
 from thinkrl.probe.rollouts import Rollouts
 
-PER_PASS = 8  # replicates in one pass where their gradients can be kept apart
+PASS_TOKENS = 768  # prompt and completion tokens of the replicates one pass takes together (at least one replicate)
 
 
 def replicate_rows(data: Rollouts, ps: ProbeSettings) -> list[Tensor]:
@@ -35,8 +36,7 @@ def run_replicates(policy, params, data: Rollouts, d: Directions, ps: ProbeSetti
     rows, arms = replicate_rows(data, ps), list(ps.methods)
     results, together = [], True
     with probe_pass(policy):
-        for i in range(0, len(rows), PER_PASS):
-            parts = rows[i : i + PER_PASS]
+        for parts in _passes(data, rows):
             got = None
             if together and len(parts) > 1 and _apart(data, parts):
                 got = _together(policy, params, data, arms, parts, d)
@@ -49,6 +49,21 @@ def run_replicates(policy, params, data: Rollouts, d: Directions, ps: ProbeSetti
                 results.append(replicate(policy, params, data, arms, r, d))
                 advance(1)
     return results
+
+
+def _passes(data: Rollouts, rows: list[Tensor]) -> list[list[Tensor]]:
+    """Consecutive replicates in passes of at most PASS_TOKENS tokens (each prompt once per group, as the
+    forward runs it), one replicate alone when it has more."""
+    G, lengths = data.s.group_size, data.s.comp.lengths.tolist()
+    passes, tokens = [[]], 0
+    for r in rows:
+        n = sum(lengths[i] for i in r.tolist()) + sum(len(data.prompt_ids[i]) for i in r.tolist()[::G])
+        if passes[-1] and tokens + n > PASS_TOKENS:
+            passes.append([])
+            tokens = 0
+        passes[-1].append(r)
+        tokens += n
+    return [p for p in passes if p]
 
 
 def replicate(policy, params, data: Rollouts, arms: list[str | ProbeArm], rows: Tensor, d: Directions) -> dict[str, dict]:
