@@ -1,5 +1,5 @@
 """The probe's rollouts: sampled groups with what pi_old (theta0) contributes to a probed loss, and
-the forward passes the measures run over them (thinkrl/probe/measure.py)."""
+the forward passes the measures run over them (thinkrl/probe/measure.py, replicates.py)."""
 
 from __future__ import annotations
 
