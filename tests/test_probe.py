@@ -54,6 +54,19 @@ def test_on_policy_grpo_points_exactly_along_the_reference_gradient(tiny_model_d
     assert kl == 0 and out["grpo"]["kl_slope"] == 0  # no stale step: the policy is the starting one
 
 
+def moved_start(tiny_model_dir, prompts: list[list[int]]):
+    """The tiny LoRA policy, its rollouts of `prompts` (theta0 samples them) and theta0's weights, with the
+    policy then moved a fixed random step away (theta1): (policy, params, rollouts, theta0)."""
+    policy = tiny_lora_model(tiny_model_dir)
+    params = [p for p in policy.parameters() if p.requires_grad]
+    data = Rollouts(samples(policy, prompts), policy, 0, 1.0)
+    theta0 = [p.detach().clone() for p in params]
+    with torch.no_grad():
+        for p in params:
+            p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
+    return policy, params, data, theta0
+
+
 def step(params: list[torch.Tensor], g: torch.Tensor, lr: float) -> None:
     """theta -> theta - lr * g, in place."""
     with torch.no_grad():
@@ -92,13 +105,7 @@ def test_the_kl_slope_is_the_first_order_change_of_the_kl_from_the_start_under_a
     """theta1 a step away from theta0 (the sampler); the update's kl_slope predicts how KL(theta0 || theta)
     over the reference positions changes along theta1 - lr * g, and the KL itself is that of a plain
     full-vocabulary computation."""
-    policy = tiny_lora_model(tiny_model_dir)
-    params = [p for p in policy.parameters() if p.requires_grad]
-    data = Rollouts(samples(policy, PROMPTS), policy, 0, 1.0)
-    theta0 = [p.detach().clone() for p in params]
-    with torch.no_grad():
-        for p in params:
-            p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
+    policy, params, data, theta0 = moved_start(tiny_model_dir, PROMPTS)
     ref = Rollouts(samples(policy, PROMPTS, seed=1), policy, 0, 1.0)
     d, kl = directions(policy, params, ref, theta0)
     rows = torch.arange(G)

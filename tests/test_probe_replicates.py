@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_probe import samples
-from tiny import tiny_lora_model
+from test_probe import moved_start, samples
 
 import thinkrl.probe.replicates as R
 from thinkrl.accel.packed import can_pack
@@ -20,13 +19,7 @@ PROMPTS = [[4, 65, 24, 17, 36], [4, 70, 71, 72, 5], [4, 9, 10, 11, 12], [4, 30, 
 
 def _setup(tiny_model_dir, prompts):
     """Rollouts of `prompts` by the starting policy, then theta1 a step away with its reference directions."""
-    policy = tiny_lora_model(tiny_model_dir)
-    params = [p for p in policy.parameters() if p.requires_grad]
-    data = Rollouts(samples(policy, prompts), policy, 0, 1.0)
-    theta0 = [p.detach().clone() for p in params]
-    with torch.no_grad():
-        for p in params:
-            p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
+    policy, params, data, theta0 = moved_start(tiny_model_dir, prompts)
     d, _ = directions(policy, params, Rollouts(samples(policy, prompts[:2], seed=1), policy, 0, 1.0), theta0)
     return policy, params, data, d
 
