@@ -4,7 +4,7 @@
 Replicates run several at a time where the CPU's fused LoRA layers can split a gradient by replicate
 (accel.segment_grads): one forward over all of them and, per method, one backward of the sum of their losses,
 each replicate's own gradient kept apart by the layers. A replicate's few short completions make small
-matrices, which a CPU multiplies far below its peak; eight at once run in a little over half the time each. A
+matrices, which a CPU multiplies far below its peak (docs/benchmarks.md measures the gain per pass size). A
 pass holds up to PASS_TOKENS tokens (its activations grow with them), so long completions still run one by
 one. Elsewhere (a GPU, THINKRL_ACCEL=0, layers the fusion does not cover, two replicates that share a prompt)
 they run one by one, with the same numbers up to float rounding.
@@ -100,6 +100,7 @@ def _measure_parts(policy, params, data: Rollouts, arms: list, parts: list[Tenso
     ends = torch.tensor([len(p) for p in parts]).cumsum(0).tolist()
     spans = [slice(e - len(p), e) for e, p in zip(ends, parts)]
     out: list[dict[str, dict]] = [{} for _ in parts]
+    ref_norm = float(d.g_ref.norm())
     for j, label in enumerate(labels):
         losses, metrics = zip(*(_loss(ms[j], data, p, lp, s) for ms, p, s in zip(methods, parts, spans)))
         total, retain = sum(losses), j < len(labels) - 1
@@ -109,7 +110,7 @@ def _measure_parts(policy, params, data: Rollouts, arms: list, parts: list[Tenso
             torch.autograd.grad(total, params, retain_graph=retain, allow_unused=True)  # the sum; seg keeps each part's
             grads = seg.flat(params)  # (parts, P)
         for k, (g, m) in enumerate(zip(grads, metrics)):
-            out[k][label] = _measures(g, m, d)
+            out[k][label] = _measures(g, m, d, ref_norm)
     return out
 
 
@@ -123,9 +124,9 @@ def _loss(m, data: Rollouts, rows: Tensor, lp, span: slice):
     return method_calls.loss(m, batch)
 
 
-def _measures(g: Tensor, metrics: dict, d: Directions) -> dict:
-    """What the update -g would do, against the reference directions."""
-    norm, ref_norm = float(g.norm()), float(d.g_ref.norm())
+def _measures(g: Tensor, metrics: dict, d: Directions, ref_norm: float) -> dict:
+    """What the update -g would do, against the reference directions (ref_norm: |d.g_ref|)."""
+    norm = float(g.norm())
     cos = float(-(g @ d.g_ref)) / (norm * ref_norm) if norm > 0 and ref_norm > 0 else None  # no update, no direction
     clip = next((float(metrics[k]) for k in CLIP_KEYS if k in metrics), None)
     slopes = {"entropy_slope": float(-(g @ d.g_h)), "kl_slope": float(-(g @ d.g_kl))}
