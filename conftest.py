@@ -1,11 +1,17 @@
-"""Fixtures shared by tests/ and examples/ (the tiny random model)."""
+"""Fixtures shared by tests/ and examples/ (the tiny random model), and the suite's settings."""
 
+import os
 import sys
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent / "tests"))  # tests/tiny.py, tests/helpers.py
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # `make test-fast` runs one worker per core: one torch thread each, or their thread pools fight over the cores
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+pytest_plugins = ["plain_marks"]  # tests/plain_marks.py: the `plain` mark kept true (make test-plain)
 
 
 @pytest.fixture(scope="session")

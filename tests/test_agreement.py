@@ -73,6 +73,7 @@ def test_a_step_without_an_update_defers_the_first_check():
     assert upd[KEY] == 1e-7
 
 
+@pytest.mark.plain
 def test_an_honest_float32_run_passes_silently(tiny_model_dir, tmp_path):
     out = tmp_path / "run"
     result = invoke(tiny_args(tiny_model_dir, out, 2, "-o", "rollout.agreement_every=1"))
@@ -81,6 +82,7 @@ def test_an_honest_float32_run_passes_silently(tiny_model_dir, tmp_path):
     assert all(m[KEY] < 1e-4 for m in metrics), [m[KEY] for m in metrics]
 
 
+@pytest.mark.plain
 def test_a_sampler_off_by_half_a_nat_is_named_once_and_logged(tiny_model_dir, tmp_path, monkeypatch):
     generate = LeanEngine.generate
 
@@ -100,6 +102,7 @@ def test_a_sampler_off_by_half_a_nat_is_named_once_and_logged(tiny_model_dir, tm
     assert [m[KEY] for m in metrics] == pytest.approx([0.5] * 3, abs=1e-4)
 
 
+@pytest.mark.plain
 def test_with_the_sampler_as_pi_old_only_the_first_mini_batch_is_compared(tiny_model_dir, tmp_path):
     """train.old_policy=sampler: the second mini-batch's forward runs after an update (lr 0.05), so its log-probs
     are of other weights than the sampler's; counted, they would put the gap far past float32's threshold."""

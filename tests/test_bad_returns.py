@@ -68,6 +68,7 @@ def test_an_exception_on_every_text_is_the_graders_fault(shaped_pool):
     assert shaped_pool.grade(["fine"], ["1"])[0] == [1.0]  # the pool keeps working
 
 
+@pytest.mark.plain
 def test_a_run_whose_grader_always_raises_stops_with_one_line(tiny_model_dir, tmp_path, capsys):
     """Before: exit 0, reward 0 on every step and verifier/crashes 0."""
     out = tmp_path / "run"
@@ -78,6 +79,7 @@ def test_a_run_whose_grader_always_raises_stops_with_one_line(tiny_model_dir, tm
     assert not (out / "metrics.jsonl").exists() or read_jsonl(out / "metrics.jsonl") == []
 
 
+@pytest.mark.plain
 def test_a_run_counts_grader_exceptions_as_verifier_errors(tiny_model_dir, tmp_path, capsys):
     out = tmp_path / "run"
     code, err = run_cli(tiny_args(tiny_model_dir, out, 2, "-o", "verifier.grader=helpers:odd_length_raising_grade"), capsys)
@@ -86,6 +88,7 @@ def test_a_run_counts_grader_exceptions_as_verifier_errors(tiny_model_dir, tmp_p
     assert sum(m["verifier/errors"] for m in metrics) > 0 and all(m["verifier/crashes"] == 0 for m in metrics), metrics
 
 
+@pytest.mark.plain
 def test_a_run_whose_grader_returns_a_string_stops_naming_it(tiny_model_dir, tmp_path, capsys):
     code, err = run_cli(tiny_args(tiny_model_dir, tmp_path / "run", 1, "-o", "verifier.grader=helpers:string_grade"), capsys)
     line = error_line(err)
@@ -229,6 +232,7 @@ def test_a_built_in_method_keeps_its_traceback(monkeypatch):
         ("bv_oom_text", "loss() raised RuntimeError: CUDA out of memory in my own bookkeeping (line 43)"),
     ],
 )
+@pytest.mark.plain
 def test_a_broken_plugin_in_a_run_is_one_line_not_a_traceback_or_an_oom(plugin_dir, tiny_model_dir, tmp_path, capsys, name, message):
     args = tiny_args(tiny_model_dir, tmp_path / "run", 1, "--plugins", plugin_dir, "--method", name)
     code, err = run_cli(args, capsys)

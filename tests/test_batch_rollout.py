@@ -81,6 +81,7 @@ def test_chunked_logprobs_and_entropy_match_full_logits(tiny, monkeypatch, chunk
     model.zero_grad()
 
 
+@pytest.mark.plain
 def test_gradient_checkpointing_changes_memory_not_values(tiny_model_dir):
     """Checkpointing replays each decoder layer of the completion pass on the same inputs (the shared prompt
     cache is read, never appended to), so log-probs and gradients are the same to the bit, and a second

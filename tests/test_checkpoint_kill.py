@@ -37,6 +37,7 @@ def hidden(run_dir):
     return sorted(p.name for p in (run_dir / "checkpoints").iterdir() if p.name.startswith("."))
 
 
+@pytest.mark.plain
 def test_kill_while_writing_a_checkpoint_resumes_from_the_one_before(tiny_model_dir, tmp_path):
     args = tiny_args(tiny_model_dir, tmp_path / "straight", 4, "-o", "train.save_every=1")
     assert run(args, tmp_path / "straight")[0] == 0
@@ -89,6 +90,7 @@ def resume_error(run_dir):
     return result.output
 
 
+@pytest.mark.plain
 def test_checkpoints_load_only_tensors_and_safetensors(tiny_model_dir, tmp_path):
     out = tmp_path / "run"
     result = CliRunner().invoke(app, tiny_args(tiny_model_dir, out, 1), catch_exceptions=False)

@@ -12,6 +12,8 @@ from thinkrl.cli import app
 from thinkrl.errors import UserError
 from thinkrl.run.jsonl import read_jsonl
 
+pytestmark = pytest.mark.plain  # reaches the CPU speed-ups: make test-plain reruns it (tests/plain_marks.py)
+
 STEP_FIELDS = {
     "step",
     "reward/mean",

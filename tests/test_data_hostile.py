@@ -160,6 +160,7 @@ def test_malformed_lines_are_named_by_file_and_line_the_first_few_then_a_count(t
     assert load_problems(DataConfig(name=str(items))).where == {"unreadable row": f"{items}, item 1"}
 
 
+@pytest.mark.plain
 def test_training_reports_the_lines_it_skipped_on_the_console_and_in_data_report(tmp_path, tiny_model_dir):
     from typer.testing import CliRunner
 
@@ -176,6 +177,7 @@ def test_training_reports_the_lines_it_skipped_on_the_console_and_in_data_report
     assert line.endswith(f"4 prompts, skipped: 2 unreadable row ({data}, lines 3, 6)"), line
 
 
+@pytest.mark.plain
 def test_training_on_a_benchmark_copy_with_another_row_count_warns_and_records_file_and_hash(tmp_path, tiny_model_dir, monkeypatch):
     import hashlib
 
@@ -228,6 +230,7 @@ def faulty_grade(completion: str, answer: str):
     return verifier.grade(completion, answer)
 
 
+@pytest.mark.plain
 def test_eval_records_why_a_sample_scored_zero_and_the_verifier_counts(tiny_model_dir, tmp_path, monkeypatch, capsys):
     real = verifier.VerifierPool
     monkeypatch.setattr(verifier, "VerifierPool", lambda *a, **k: real(workers=1, timeout=1.0, grade_fn=faulty_grade))

@@ -75,6 +75,24 @@ def test_a_rows_output_does_not_depend_on_the_other_rows():
 
 
 @needs_kernel
+def test_two_threads_give_one_threads_bits():
+    """The kernel splits its (row, key head) tasks over OpenMP's threads, torch's count: the suite's workers run
+    one thread each (conftest.py), so the split is checked here, whatever the runner's setting."""
+    keys, values = storage(slots=6, key_heads=3, capacity=32, dim=64, seed=3)
+    qkv, cos, sin = step_inputs(6, 3, 3, 64, seed=4)
+    positions = torch.tensor([31, 4, 11, 0, 29, 17])
+    threads, outs = torch.get_num_threads(), []
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            k, v = keys.clone(), values.clone()
+            outs.append((decode_kernel.DecodeStep(positions, cos, sin, 3, 3)(qkv, k, v), k, v))
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(a, b) for a, b in zip(*outs))  # each task writes its own rows: no sum changes order
+
+
+@needs_kernel
 def test_rows_past_the_capacity_are_refused():
     keys, values = storage(slots=2, key_heads=1, capacity=8, dim=64)
     qkv, cos, sin = step_inputs(2, 1, 1, 64)

@@ -42,6 +42,7 @@ def torchrun(n: int, *args: str, cwd: Path | None = None) -> subprocess.Complete
         ("gspo", []),  # sequence-level ratio; its recipe: 4 mini-batches, each the same completions at any process count
     ],
 )
+@pytest.mark.plain
 def test_two_process_update_equals_one_process_update(tiny_model_dir, tmp_path, method, overrides):
     one, two = tmp_path / "one.pt", tmp_path / "two.pt"
     single = subprocess.run(
@@ -62,6 +63,7 @@ def test_two_process_update_equals_one_process_update(tiny_model_dir, tmp_path, 
         assert b["metrics"][key] == pytest.approx(a["metrics"][key], rel=1e-4, abs=1e-7), key
 
 
+@pytest.mark.plain
 def test_torchrun_train_writes_one_log_and_one_checkpoint(tiny_model_dir, tmp_path):
     """`torchrun --nproc_per_node 2 thinkrl train`: groups are split across ranks, rank 0 writes everything."""
     out = tmp_path / "run"

@@ -15,6 +15,7 @@ from thinkrl.rollout.engines.slot_storage import SlotStorage
 PARTS = ("process baseline", "weights", "sampling copy", "grads + AdamW state", "KV cache", "activations", "logits chunk", "peak")
 
 
+@pytest.mark.plain
 def test_dry_run_prints_the_path_and_every_part_and_loads_no_weights(tiny_model_dir, tmp_path, monkeypatch):
     import transformers
 

@@ -26,6 +26,7 @@ def two_runs(tiny_model_dir, tmp_path_factory):
     return root / "grpo", root / "dapo"
 
 
+@pytest.mark.plain
 def test_tensorboard_event_file_holds_the_metrics_jsonl_values(two_runs):
     pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -137,6 +138,7 @@ def test_export_to_a_file_is_one_line_naming_it(two_runs, tmp_path, out):
     assert (tmp_path / "file").read_text() == "keep me"
 
 
+@pytest.mark.plain
 def test_an_export_of_the_bundled_alias_names_its_hub_id(tiny_model_dir, tmp_path, monkeypatch):
     """A run on smollm2-135m trains from a converted copy in the cache; its adapter names the hub id, which loads anywhere."""
     monkeypatch.setenv("THINKRL_CACHE", str(tmp_path / "cache"))

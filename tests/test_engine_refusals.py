@@ -83,6 +83,7 @@ def gap(engine, model) -> float:
     return (trainer - comp.behav_logp).abs()[comp.mask].mean().item()
 
 
+@pytest.mark.plain
 def test_the_paged_path_drops_soft_capping_and_the_reference_loop_keeps_it():
     """The claim the refusal rests on (transformers 5.25). Should this fail because the gap closed, transformers'
     paged attention has learnt soft-capping: drop the row from hf.DROPPED_FEATURES."""

@@ -83,6 +83,7 @@ SAMPLINGS = [Sampling(10, 0.9), Sampling(10, 1.0, top_p=0.8), Sampling(10, 1.2, 
 
 @pytest.mark.parametrize("engine", ENGINES, indirect=True)
 @pytest.mark.parametrize("sampling", SAMPLINGS, ids=["tempered", "top_p", "top_k", "greedy"])
+@pytest.mark.plain
 def test_behav_logp_is_the_processed_distribution(engine, model, sampling):
     comp = run(engine, model, sampling)
     assert comp.tokens.shape[0] == len(PROMPTS) * G and comp.mask.sum(-1).tolist() == comp.lengths.tolist()
@@ -97,6 +98,7 @@ def test_behav_logp_is_the_processed_distribution(engine, model, sampling):
 
 
 @pytest.mark.parametrize("engine", ENGINES, indirect=True)
+@pytest.mark.plain
 def test_greedy_agrees_with_the_transformers_forward(engine, model):
     greedy = Sampling(12, 0.0)
     comp = run(engine, model, greedy)
@@ -105,6 +107,7 @@ def test_greedy_agrees_with_the_transformers_forward(engine, model):
 
 
 @pytest.mark.parametrize("engine", ENGINES, indirect=True)
+@pytest.mark.plain
 def test_eos_ends_rows_and_the_budget_truncates_them(engine, model):
     comp = run(engine, model, Sampling(12, 1.0), seed=5)
     assert comp.lengths.max() <= 12
@@ -116,6 +119,7 @@ def test_eos_ends_rows_and_the_budget_truncates_them(engine, model):
 
 
 @pytest.mark.parametrize("engine", ENGINES, indirect=True)
+@pytest.mark.plain
 def test_each_completion_ends_at_its_own_budget(engine, model):
     """Per-completion budgets (Thinking-Seeds continuations, eval prompts near the context limit); with no
     end-of-sequence id every completion runs to exactly its budget."""
@@ -125,6 +129,7 @@ def test_each_completion_ends_at_its_own_budget(engine, model):
 
 
 @pytest.mark.parametrize("engine", ENGINES, indirect=True)
+@pytest.mark.plain
 def test_min_new_tokens_suppresses_an_early_end(engine, model):
     ends = list(range(40, 105))  # most of the vocabulary ends a row
     sampling = Sampling(12, 1.0, min_new_tokens=6)
@@ -139,12 +144,14 @@ def test_min_new_tokens_suppresses_an_early_end(engine, model):
 
 
 @pytest.mark.parametrize("engine", ENGINES, indirect=True)
+@pytest.mark.plain
 def test_same_seed_same_completions(engine, model):
     a, b = run(engine, model, Sampling(10, 1.0), seed=7), run(engine, model, Sampling(10, 1.0), seed=7)
     assert torch.equal(a.tokens, b.tokens) and torch.equal(a.behav_logp, b.behav_logp)
 
 
 @pytest.mark.parametrize("engine", ENGINES, indirect=True)
+@pytest.mark.plain
 def test_records_match_the_sampling_distribution(engine, model):
     sampling = Sampling(8, 1.0, top_p=0.9)
     if engine.name == "vllm":  # vLLM reports no entropy: refused with one line; its top-K is checked below
@@ -162,6 +169,7 @@ def test_records_match_the_sampling_distribution(engine, model):
 
 
 @pytest.mark.parametrize("engine", ENGINES, indirect=True)
+@pytest.mark.plain
 def test_new_weights_are_what_the_engine_samples_with(engine, tiny_dir):
     """The sampling copy changes after every update (a PolicySampler bumps its version); an engine that holds
     its own copy of the weights (vLLM) must sample with the new ones."""
@@ -182,6 +190,7 @@ def test_new_weights_are_what_the_engine_samples_with(engine, tiny_dir):
 
 
 @pytest.mark.parametrize("engine", ENGINES, indirect=True)
+@pytest.mark.plain
 def test_thinking_seeds_prefixes_continue_under_the_current_policy(engine, tiny_dir, tmp_path):
     """Seeded rows: the prefix comes from the historical policy (its log-probs as behav_logp), the rest from
     the current one, with prefix_len marking the boundary."""
@@ -214,6 +223,7 @@ def test_thinking_seeds_prefixes_continue_under_the_current_policy(engine, tiny_
 
 
 @pytest.mark.parametrize("name", ENGINES)
+@pytest.mark.plain
 def test_train_and_eval_run_with_each_engine(name, tiny_dir, tmp_path):
     """`thinkrl train -o rollout.engine=X` on the tiny model, then `thinkrl eval --engine X` of the run: greedy
     answers of the eval agree with the lean engine's."""

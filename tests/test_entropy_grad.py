@@ -142,6 +142,7 @@ def test_chunked_and_unchunked_entropy_gradients_agree(tiny_model_dir, monkeypat
 
 
 @pytest.mark.parametrize("in_update_pass", [False, True])  # with accel's packed head and fused LoRA (when THINKRL_ACCEL=1)
+@pytest.mark.plain
 def test_lora_entropy_gradient_matches_the_plain_transformers_forward(tiny_model_dir, in_update_pass):
     from tiny import tiny_lora_model
 
@@ -197,6 +198,7 @@ def _mean_entropy_grad(ctx, rb) -> dict[str, torch.Tensor]:
     return grads
 
 
+@pytest.mark.plain
 def test_entropy_coef_subtracts_the_mean_entropy_gradient(tiny_model_dir):
     ctx, rb = _learner(tiny_model_dir, "grpo")
     plain, _ = _step(ctx, rb)
@@ -241,6 +243,7 @@ def _spy(ctx, monkeypatch) -> list[dict]:
         ("stapo", "0.01", True, False),  # the bonus needs the gradient; stapo still gets it detached
     ],
 )
+@pytest.mark.plain
 def test_who_gets_a_differentiable_entropy(tiny_model_dir, monkeypatch, method, coef, forward_grad, batch_grad):
     ctx, rb = _learner(tiny_model_dir, method, f"train.entropy_coef={coef}")
     seen = _spy(ctx, monkeypatch)
@@ -248,6 +251,7 @@ def test_who_gets_a_differentiable_entropy(tiny_model_dir, monkeypatch, method, 
     assert seen and all(s == {"forward": forward_grad, "batch": batch_grad} for s in seen)
 
 
+@pytest.mark.plain
 def test_a_method_with_entropy_grad_trains_through_batch_entropy(tiny_model_dir, monkeypatch):
     """A method that subtracts 0.01 x its own token-mean entropy (entropy_grad = True) gets batch.entropy with
     its gradient, and its update equals grpo's with train.entropy_coef=0.01."""

@@ -47,6 +47,7 @@ def invoke(*args):
     return result
 
 
+@pytest.mark.plain
 def test_eval_writes_samples_and_summary_and_resumes_without_generating(tiny_model_dir, aime_like, tmp_path, monkeypatch):
     out = tmp_path / "out"
     args = [
@@ -84,6 +85,7 @@ def test_eval_writes_samples_and_summary_and_resumes_without_generating(tiny_mod
     assert len(calls) == 1 and len(read_jsonl(out / "samples.jsonl")) == 10
 
 
+@pytest.mark.plain
 def test_resume_with_other_settings_is_refused(tiny_model_dir, aime_like, tmp_path):
     out = tmp_path / "out"
     base = ["--model", str(tiny_model_dir), "--dataset", str(aime_like), "--limit", "2", "--max-new-tokens", "4", "--output", str(out)]
@@ -92,6 +94,7 @@ def test_resume_with_other_settings_is_refused(tiny_model_dir, aime_like, tmp_pa
         CliRunner().invoke(app, ["eval", *base, "--temperature", "0.7"], catch_exceptions=False)
 
 
+@pytest.mark.plain
 def test_several_datasets_get_one_directory_each(tiny_model_dir, aime_like, tmp_path):
     out = tmp_path / "out"
     result = invoke(
@@ -125,6 +128,7 @@ def test_presets_and_flag_overrides():
         resolve_settings(EvalSettings(model="m", dataset="x", preset="fast"), cfg)
 
 
+@pytest.mark.plain
 def test_context_window_clips_the_budget_with_a_warning(tiny_model_dir, aime_like, tmp_path):
     out = tmp_path / "out"
     result = invoke(
@@ -135,6 +139,7 @@ def test_context_window_clips_the_budget_with_a_warning(tiny_model_dir, aime_lik
     assert summary["settings"]["clipped_prompts"] == 1 and summary["settings"]["context_window"] == 512
 
 
+@pytest.mark.plain
 def test_only_the_prompt_that_needs_it_is_clipped_and_one_past_the_context_is_skipped(tiny_model_dir, tmp_path):
     """The tiny model's context is 512 tokens (one per character here): a 488-token prompt gets the 24 that are
     left, the short ones their whole budget, and a 600-token prompt is skipped and counted, not fatal."""
@@ -165,6 +170,7 @@ def test_only_the_prompt_that_needs_it_is_clipped_and_one_past_the_context_is_sk
     assert samples["short"]["length"] == 40 or not samples["short"]["truncated"]  # the whole budget
 
 
+@pytest.mark.plain
 def test_local_alias_copies_via_thinkrl_data_dir(tiny_model_dir, tmp_path, monkeypatch):
     (tmp_path / "aime24.jsonl").write_text(json.dumps({"id": "x", "problem": "What is 1 + 1?", "answer": "2"}) + "\n")
     monkeypatch.setenv("THINKRL_DATA_DIR", str(tmp_path))
@@ -173,6 +179,7 @@ def test_local_alias_copies_via_thinkrl_data_dir(tiny_model_dir, tmp_path, monke
     assert json.loads((out / "summary.json").read_text())["problems"] == 1
 
 
+@pytest.mark.plain
 def test_a_shipped_benchmark_needs_no_hub_and_is_recorded_by_file_and_hash(tiny_model_dir, tmp_path, monkeypatch):
     from thinkrl.data import sources
     from thinkrl.data.benchmarks import HERE
@@ -188,6 +195,7 @@ def test_a_shipped_benchmark_needs_no_hub_and_is_recorded_by_file_and_hash(tiny_
     assert json.loads((out / "summary.json").read_text())["settings"]["dataset_sha256"] == settings["dataset_sha256"]
 
 
+@pytest.mark.plain
 def test_a_data_dir_copy_with_another_row_count_than_the_benchmark_warns_in_one_line(tiny_model_dir, tmp_path, monkeypatch):
     copy = tmp_path / "aime24.jsonl"
     copy.write_text("".join(json.dumps({"id": f"x{i}", "problem": f"What is {i} + 1?", "answer": str(i + 1)}) + "\n" for i in range(2)))
@@ -201,6 +209,7 @@ def test_a_data_dir_copy_with_another_row_count_than_the_benchmark_warns_in_one_
     assert settings["dataset_sha256"] == hashlib.sha256(copy.read_bytes()).hexdigest()
 
 
+@pytest.mark.plain
 def test_resume_with_a_changed_dataset_file_is_refused(tiny_model_dir, aime_like, tmp_path):
     out = tmp_path / "out"
     base = ["--model", str(tiny_model_dir), "--dataset", str(aime_like), "--limit", "2", "--max-new-tokens", "4", "--output", str(out)]

@@ -70,6 +70,7 @@ def test_a_lock_file_that_cannot_be_made_is_one_line(tmp_path, small, monkeypatc
     assert line.endswith("make it writable or choose another --output")
 
 
+@pytest.mark.plain
 def test_a_full_disk_while_writing_samples_is_one_line(tiny_model_dir, tmp_path, small, monkeypatch, capsys):
     def full(self, records):
         raise OSError(errno.ENOSPC, "No space left on device")
@@ -82,6 +83,7 @@ def test_a_full_disk_while_writing_samples_is_one_line(tiny_model_dir, tmp_path,
     assert "GiB free there); free space on that disk or choose another --output" in line
 
 
+@pytest.mark.plain
 def test_a_read_only_file_system_at_the_summary_is_one_line_and_keeps_the_samples(tiny_model_dir, tmp_path, small, monkeypatch, capsys):
     real = evaluate_mod.write_atomic
 

@@ -87,6 +87,7 @@ def inject_nan(monkeypatch, bad_steps: set[int], first_call_only: bool = False) 
 # --- 1. non-finite loss or gradient
 
 
+@pytest.mark.plain
 def test_nonfinite_updates_are_skipped_counted_and_leave_the_weights_alone(tiny_model_dir, tmp_path, monkeypatch):
     out = tmp_path / "run"
     inject_nan(monkeypatch, {2, 3})
@@ -105,6 +106,7 @@ def test_nonfinite_updates_are_skipped_counted_and_leave_the_weights_alone(tiny_
     assert [torch.load(out / "checkpoints" / f"step-{s}" / "scheduler.pt")["last_epoch"] for s in (1, 3)] == [1, 3]
 
 
+@pytest.mark.plain
 def test_one_bad_mini_batch_is_skipped_and_the_others_are_applied(tiny_model_dir, tmp_path, monkeypatch):
     out = tmp_path / "run"
     inject_nan(monkeypatch, {2}, first_call_only=True)
@@ -114,6 +116,7 @@ def test_one_bad_mini_batch_is_skipped_and_the_others_are_applied(tiny_model_dir
     assert isinstance(second["loss"], float) and second["grad_norm"] > 0  # the average of the applied update only
 
 
+@pytest.mark.plain
 def test_consecutive_nonfinite_steps_stop_with_a_checkpoint_and_a_lower_lr_resumes(tiny_model_dir, tmp_path, monkeypatch, capsys):
     out = tmp_path / "run"
     inject_nan(monkeypatch, {2, 3, 4})
@@ -137,6 +140,7 @@ def test_consecutive_nonfinite_steps_stop_with_a_checkpoint_and_a_lower_lr_resum
 # --- 2. write failures
 
 
+@pytest.mark.plain
 def test_disk_full_during_a_checkpoint_keeps_the_previous_one_and_resume_works(tiny_model_dir, tmp_path, monkeypatch, capsys):
     out = tmp_path / "run"
     real_save = torch.save
@@ -170,6 +174,7 @@ def test_disk_full_during_a_checkpoint_keeps_the_previous_one_and_resume_works(t
     assert [{k: m.get(k) for k in COMPARED} for m in resumed] == [{k: m.get(k) for k in COMPARED} for m in logged]
 
 
+@pytest.mark.plain
 def test_disk_full_while_logging_names_the_log_and_keeps_what_is_there(tiny_model_dir, tmp_path, monkeypatch, capsys):
     out = tmp_path / "run"
     real_write = JsonlLog.write
@@ -207,6 +212,7 @@ def test_an_unwritable_output_dir_is_a_one_line_error(tiny_model_dir, tmp_path, 
     assert code == 2 and line.startswith(f"error: cannot write {parent / 'run'} (") and line.endswith(fix), line
 
 
+@pytest.mark.plain
 def test_a_real_failed_write_reports_one_line_and_leaves_no_partial_checkpoint(tiny_model_dir, tmp_path):
     """No monkeypatch: a file-size limit makes the kernel refuse the write (EFBIG), which torch.save
     reports as a RuntimeError without errno. The adapter (~66 kB) fits, optimizer.pt (~130 kB) does not."""
@@ -241,6 +247,7 @@ def test_a_real_failed_write_reports_one_line_and_leaves_no_partial_checkpoint(t
     ],
     ids=["update-cuda.OutOfMemoryError", "generation-OutOfMemoryError"],
 )
+@pytest.mark.plain
 def test_out_of_memory_names_the_memory_settings_and_saves_nothing_new(tiny_model_dir, tmp_path, monkeypatch, capsys, where, error, retry):
     out = tmp_path / "run"
     real, calls = getattr(train_mod, where), {"n": 0}

@@ -50,6 +50,7 @@ def test_a_bad_model_leaves_no_run_directory(tmp_path, capsys):
     assert code == 2 and "does not exist" in error_line(err) and not out.exists()
 
 
+@pytest.mark.plain
 def test_the_run_directory_and_settings_come_first_and_an_on_policy_run_is_named(tiny_model_dir, tmp_path):
     out = tmp_path / "run"
     result = invoke(tiny_args(tiny_model_dir, out, 1, "--method", "gspo", "--no-recipe"))
@@ -64,6 +65,7 @@ def test_override_with_a_space_is_explained(tiny_model_dir, tmp_path, capsys):
     assert code == 2 and error_line(err) == "error: -o train.lr 1e-5: write each override as one argument KEY=VALUE, e.g. -o train.lr=1e-5"
 
 
+@pytest.mark.plain
 def test_resume_with_another_method_is_refused_in_one_line(tiny_model_dir, tmp_path, capsys):
     out = tmp_path / "run"
     invoke(tiny_args(tiny_model_dir, out, 1, "--method", "dr_grpo"))
@@ -89,6 +91,7 @@ def test_methods_help_prints_the_recipe():
     assert "Recipe (applied by --method NAME" in result.output and "train.mini_batches = 4" in result.output
 
 
+@pytest.mark.plain
 def test_the_step_line_shows_grad_norm_and_zero_std_groups(tiny_model_dir, tmp_path):
     result = invoke(tiny_args(tiny_model_dir, tmp_path / "run", 1))
     line = next(x for x in result.output.splitlines() if x.strip().startswith("step    1/1"))

@@ -92,6 +92,7 @@ def qwen3_bias():
 @pytest.mark.parametrize("name", ["llama", "qwen2", "qwen3", "qwen3_bias"])
 @pytest.mark.parametrize("prompts", [PROMPTS, [PROMPTS[0], PROMPTS[0][::-1]]])  # different lengths, and one length
 @pytest.mark.parametrize("slots", [0, 4, 1])  # all at once, refilled, one at a time
+@pytest.mark.plain
 def test_lean_decoding_matches_the_transformers_forward(request, name, prompts, slots):
     model = request.getfixturevalue(name)
     assert LeanDecoder.supports(model)
@@ -108,6 +109,7 @@ def test_lean_decoding_matches_the_transformers_forward(request, name, prompts, 
 
 
 @pytest.mark.parametrize("name", ["qwen3", "qwen3_bias"])
+@pytest.mark.plain
 def test_qwen3_greedy_decoding_is_transformers_generate_token_for_token(request, name):
     """Three prompts of different lengths, two completions each, in 4 slots (refilled as rows finish): each
     row is what transformers' own greedy generate gives for its prompt alone."""
@@ -121,6 +123,7 @@ def test_qwen3_greedy_decoding_is_transformers_generate_token_for_token(request,
         assert lean.tokens[r, : lean.lengths[r]].tolist() == out[0, p.shape[1] :].tolist()
 
 
+@pytest.mark.plain
 def test_qwen3_log_probs_are_the_transformers_forwards_and_the_trainers(qwen3):
     """Sampled rows (refilled slots): each token's log-prob is the transformers forward's over prompt +
     completion, and the trainer's log-probs (learner/logprobs.py) of the same Qwen3 with fresh LoRA adapters
@@ -142,6 +145,7 @@ def test_qwen3_log_probs_are_the_transformers_forwards_and_the_trainers(qwen3):
     assert any(bool(p.grad.abs().sum() > 0) for n, p in policy.named_parameters() if "lora_B" in n)
 
 
+@pytest.mark.plain
 def test_fused_weights_follow_in_place_writes(llama):
     """The sampler refreshes weights with copy_(); the fused matrices are views, so they see it."""
     lean = LeanDecoder.for_model(llama)

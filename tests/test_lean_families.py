@@ -103,6 +103,7 @@ def greedy_rows(model, slots: int):
 
 @pytest.mark.parametrize("kernel", [True, False], ids=["kernel", "sdpa"])
 @pytest.mark.parametrize("name", list(FAMILIES))
+@pytest.mark.plain
 def test_greedy_decoding_is_transformers_generate_token_for_token(name, kernel, monkeypatch):
     """Every row NEW tokens long (far past the window), token for token transformers' greedy generate, with
     the C kernel where it applies (windows not yet binding, no soft-cap) and with SDPA everywhere."""
@@ -116,6 +117,7 @@ def test_greedy_decoding_is_transformers_generate_token_for_token(name, kernel, 
 
 
 @pytest.mark.parametrize("name", list(FAMILIES))
+@pytest.mark.plain
 def test_sampled_log_probs_are_the_transformers_forwards(name):
     """Sampled rows (refilled slots): each token's behaviour log-prob is the transformers forward's over prompt +
     completion (the model's own logits: Gemma-2's final soft-cap included)."""

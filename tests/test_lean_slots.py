@@ -21,6 +21,7 @@ def llama(tiny_model_dir):
     return frozen(AutoModelForCausalLM.from_pretrained(tiny_model_dir))
 
 
+@pytest.mark.plain
 def test_storage_grows_with_the_longest_live_row_not_the_budget(llama):
     """Budget 8,192 with rows that end early: the key/value capacity stays near prompt + longest row."""
     eos = list(range(40, 105))  # most of the vocabulary ends a row: completions of a few tokens
@@ -31,6 +32,7 @@ def test_storage_grows_with_the_longest_live_row_not_the_budget(llama):
     assert stats["generate/kv_capacity"] >= longest
 
 
+@pytest.mark.plain
 def test_finished_slots_are_refilled_from_the_queue(llama):
     """12 requests through 3 slots: each slot starts a new request when its row ends, so the call takes far
     fewer steps than batches of 3 running to their longest row, and slots stay full while requests wait."""
@@ -46,6 +48,7 @@ def test_finished_slots_are_refilled_from_the_queue(llama):
     assert stats["generate/slot_utilisation"] == 1.0
 
 
+@pytest.mark.plain
 def test_live_rows_move_into_the_lowest_slots_once_the_queue_is_dry(llama):
     """After compaction the decode steps run over fewer slots; the result is unchanged."""
     dec = LeanDecoder.for_model(llama)
@@ -67,6 +70,7 @@ def test_live_rows_move_into_the_lowest_slots_once_the_queue_is_dry(llama):
     assert torch.equal(comp.tokens, ref.tokens)
 
 
+@pytest.mark.plain
 def test_the_last_long_rows_do_not_grow_storage_for_every_slot(llama):
     """Seven short completions and one of 200 tokens in 8 slots: once the short ones end, the long row is
     packed into storage of its own, so the storage never holds 8 slots x 200 positions."""
@@ -80,6 +84,7 @@ def test_the_last_long_rows_do_not_grow_storage_for_every_slot(llama):
     assert stats["generate/kv_capacity"] >= 200 and stats["generate/kv_mb"] * 2**20 < every_slot / 2
 
 
+@pytest.mark.plain
 def test_the_first_token_comes_from_the_prefill(llama):
     """Every request's first token is drawn from its prompt's prefill logits: 12 tokens per row take 11 decode
     steps, and the tokens and log-probs are still the transformers forward's."""
@@ -91,6 +96,7 @@ def test_the_first_token_comes_from_the_prefill(llama):
     torch.testing.assert_close(comp.behav_logp, ref.behav_logp, atol=1e-5, rtol=0)
 
 
+@pytest.mark.plain
 def test_a_request_that_ends_at_its_first_token_frees_its_slot_at_once(llama):
     """Budget 1: every request ends in the prefill, so no decode step runs and all 12 requests are answered."""
     comp, stats = lean_generate(llama, Request(PROMPTS, 4, Sampling(1, 1.0), [], 0, torch.Generator().manual_seed(6)), slots=2)
@@ -114,6 +120,7 @@ def test_the_recorder_keeps_every_step_across_its_growth():
     assert comp.topk_ids[0, 0].tolist() == [1, 0] and torch.allclose(comp.entropy[1, :50], torch.tensor(0.6931), atol=1e-4)
 
 
+@pytest.mark.plain
 def test_grown_storage_hands_each_old_block_back_at_once(llama, monkeypatch):
     """Growing key/value storage empties the CPU block cache after each replaced tensor: storage only grows, so
     no later request would fit a kept old block, which would stay resident to the end of the generation."""

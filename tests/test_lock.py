@@ -133,6 +133,7 @@ def test_default_run_directories_started_in_the_same_second_differ(monkeypatch):
 
 
 @pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="torch.distributed with gloo")
+@pytest.mark.plain
 def test_the_processes_of_one_torchrun_share_one_default_run_directory(tiny_model_dir, tmp_path):
     """Each rank resolves the config itself, so each draws its own default name: rank 0's is the one used."""
     entry = Path(sys.executable).with_name("thinkrl")
@@ -151,6 +152,7 @@ def wait_for(proc: subprocess.Popen, path: Path, what: str) -> None:
         time.sleep(0.2)
 
 
+@pytest.mark.plain
 def test_a_running_training_refuses_a_resume_and_a_second_run(tiny_model_dir, tmp_path, capsys):
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "thinkrl", *tiny_args(tiny_model_dir, out, 100_000)]
@@ -198,6 +200,7 @@ def test_eval_takes_its_output_lock_before_the_model_loads(tmp_path, monkeypatch
     assert code == 2 and f"{out} is in use by another evaluation (PID {os.getpid()}" in line, line
 
 
+@pytest.mark.plain
 def test_two_evals_into_one_output_the_second_fails_then_takes_over(tiny_model_dir, tmp_path, capsys):
     data, out = tmp_path / "data.jsonl", tmp_path / "out"
     data.write_text("".join(json.dumps({"id": f"p{i}", "problem": f"Find {i} + {i}.", "answer": str(2 * i)}) + "\n" for i in range(4)))

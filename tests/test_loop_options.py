@@ -67,6 +67,7 @@ def run(args):
     assert result.exit_code == 0, result.output
 
 
+@pytest.mark.plain
 def test_dynamic_sampling_keeps_only_groups_with_signal(tiny_model_dir, tmp_path):
     out = tmp_path / "run"
     run(
@@ -89,6 +90,7 @@ def test_dynamic_sampling_keeps_only_groups_with_signal(tiny_model_dir, tmp_path
     assert rollouts and all(int(r["answer"]) % 2 == 1 for r in rollouts)  # even-answer groups never trained on
 
 
+@pytest.mark.plain
 def test_a_step_whose_dynamic_sampling_keeps_no_group_says_so_and_logs_no_zeros(tiny_model_dir, tmp_path):
     """Before: the step line and metrics.jsonl showed loss, entropy, length and zero-std 0, like a step that trained."""
     out = tmp_path / "run"
@@ -109,6 +111,7 @@ def test_a_step_whose_dynamic_sampling_keeps_no_group_says_so_and_logs_no_zeros(
     assert plot_runs(runs, tmp_path / "curves.png").stat().st_size > 0
 
 
+@pytest.mark.plain
 def test_mask_truncated_and_overlong_and_correction_run_end_to_end(tiny_model_dir, tmp_path):
     out = tmp_path / "run"
     run(

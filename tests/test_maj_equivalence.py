@@ -67,6 +67,7 @@ def eval_args(model, data, out, n):
     return ["--model", str(model), "--dataset", str(data), *sampling, "--output", str(out)]
 
 
+@pytest.mark.plain
 def test_eval_records_answer_classes(tiny_model_dir, tmp_path):
     out = tmp_path / "out"
     invoke(*eval_args(tiny_model_dir, write_task(tmp_path / "task.jsonl", "1/2"), out, 3))
@@ -79,6 +80,7 @@ def test_eval_records_answer_classes(tiny_model_dir, tmp_path):
     assert summary["metrics"]["maj@3"] == summarise(samples, 3)["maj@3"]
 
 
+@pytest.mark.plain
 def test_eval_groups_equivalent_answers_and_survives_a_hostile_one(tiny_model_dir, tmp_path, monkeypatch):
     # the completions are replaced; the gold is an integer, so grading the tower is quick (it is not a number)
     # but comparing it with the fraction, the class formed before it, runs into the pool's time limit

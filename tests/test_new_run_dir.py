@@ -27,6 +27,7 @@ def test_a_new_run_refuses_a_directory_with_the_users_own_files(tiny_model_dir, 
     assert sorted(p.name for p in out.iterdir()) == ["config.yaml", "notes.txt"]
 
 
+@pytest.mark.plain
 def test_a_new_run_refuses_an_existing_run_even_before_its_first_step(run, tiny_model_dir, capsys):  # noqa: F811
     config = (run / "config.yaml").read_bytes()
     for keep in (None, {"config.yaml", "data_report.json"}):  # a run, then one that stopped before its first step
@@ -40,6 +41,7 @@ def test_a_new_run_refuses_an_existing_run_even_before_its_first_step(run, tiny_
         assert (run / "config.yaml").read_bytes() == config
 
 
+@pytest.mark.plain
 def test_a_run_that_fails_before_its_first_step_leaves_the_directory_to_the_same_command(tiny_model_dir, tmp_path, capsys):
     """Before: a NaN reward stopped the run but left config.yaml, so the same command was refused (already holds a run)."""
     out = tmp_path / "run"

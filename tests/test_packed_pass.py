@@ -41,6 +41,7 @@ def _rows_of_completion_passes(model, monkeypatch) -> list[tuple[int, int]]:
 
 
 @pytest.mark.parametrize("accel", [False, True])  # peft's layers, and the update phase's fused LoRA with packed W^T
+@pytest.mark.plain
 def test_the_packed_pass_gives_the_padded_values_and_gradients(tiny_model_dir, accel, monkeypatch):
     from tiny import tiny_lora_model
 

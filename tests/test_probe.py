@@ -133,6 +133,7 @@ def test_a_method_whose_loss_reads_what_the_probe_does_not_build_is_refused():
     check_method(get_method("sis"))  # pi_old's top-K: built (tests/test_probe_file.py)
 
 
+@pytest.mark.plain
 def test_the_probe_command_writes_paired_adjusted_comparisons(tiny_model_dir, tmp_path, monkeypatch):
     import thinkrl.accel.fused_lora as fused
 

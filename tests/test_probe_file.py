@@ -33,6 +33,7 @@ def _regime(tiny_model_dir) -> list[str]:
     return [args[i + 1] for i, a in enumerate(args) if a == "-o" and "train.steps" not in args[i + 1]] + [f"model.name={tiny_model_dir}"]
 
 
+@pytest.mark.plain
 def test_a_probe_file_trains_its_start_once_and_adjusts_over_its_primary_measure(tiny_model_dir, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]))  # the length grader

@@ -37,6 +37,7 @@ def fp8_samples(policy) -> StepSamples:
     return StepSamples(ps, comp, [""] * len(rewards), rewards, rewards, G)
 
 
+@pytest.mark.plain
 def test_recomputed_pi_old_is_the_trainers_log_prob_and_ais_weights_then_differ_from_one(tiny_model_dir):
     torch.manual_seed(0)
     policy = tiny_lora_model(tiny_model_dir)
@@ -87,6 +88,7 @@ def test_a_bad_old_policy_names_the_value_and_the_choices(tmp_path):
     assert "--old-policy 'trainer': choose sampler or recompute" in str(result.exception)
 
 
+@pytest.mark.plain
 def test_a_probe_with_an_fp8_sampler_and_a_recomputed_pi_old_reports_their_mismatch(tiny_model_dir, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     shared = tiny_args(tiny_model_dir, tmp_path / "unused")

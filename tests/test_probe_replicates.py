@@ -14,6 +14,8 @@ from thinkrl.accel.packed import can_pack
 from thinkrl.probe.measure import ProbeSettings, directions, probe_pass
 from thinkrl.probe.rollouts import Rollouts
 
+pytestmark = pytest.mark.plain  # reaches the CPU speed-ups: make test-plain reruns it (tests/plain_marks.py)
+
 PROMPTS = [[4, 65, 24, 17, 36], [4, 70, 71, 72, 5], [4, 9, 10, 11, 12], [4, 30, 31, 32, 33], [4, 40, 41, 5], [4, 50, 51, 52, 53, 54]]
 
 

@@ -179,6 +179,7 @@ def test_the_documents_hold_commands_to_check():
 
 
 @pytest.mark.parametrize("command", COMMANDS, ids=[c.where for c in COMMANDS])
+@pytest.mark.plain
 def test_documented_command_runs_as_written(command, workdir, trained):
     check(command, trained)
 

@@ -95,6 +95,7 @@ def test_thinkrl_config_marks_the_foreign_recipes_keys():
     assert any(line.startswith("method.recipe = 'ctpo'") for line in lines)
 
 
+@pytest.mark.plain
 def test_a_run_with_another_recipe_says_every_key_and_records_it(tiny_model_dir, tmp_path):
     out = tmp_path / "run"
     result = invoke(tiny_args(tiny_model_dir, out, 1, "--method", "grpo", "--recipe", "ctpo"))

@@ -26,6 +26,7 @@ def spaced_run(checkpointed_run, tmp_path) -> Path:
     return out
 
 
+@pytest.mark.plain
 def test_the_resume_command_printed_on_a_stop_or_a_failure_pastes_into_a_shell(spaced_run, monkeypatch, capsys):
     class Stopped:  # as after a Ctrl-C during the first step
         stop = True

@@ -91,6 +91,7 @@ def test_a_resume_that_changes_what_makes_the_run_is_refused_in_one_line(run, ca
     assert (run / "config.yaml").read_bytes() == config and not (run / "changes.jsonl").exists() and steps(run) == [1, 2]
 
 
+@pytest.mark.plain
 def test_refused_and_failed_resumes_leave_config_yaml_and_a_plain_resume_works(run, capsys):
     config = (run / "config.yaml").read_bytes()
     attempts = [
@@ -124,6 +125,7 @@ def test_refused_and_failed_resumes_leave_config_yaml_and_a_plain_resume_works(r
     assert entry["changed"] == {"verifier.workers": [1, 2], "train.steps": [2, 3], "train.lr": [0.05, 0.02], "train.keep_last": [2, 3]}
 
 
+@pytest.mark.plain
 def test_allow_changes_continues_and_records_the_change_and_its_step(run):
     args = ["-o", "train.steps=3", "-o", "rollout.group_size=2", "-o", "rollout.temperature=0.7", "--allow-changes"]
     result = invoke(["train", "--resume", str(run), *args])
@@ -243,6 +245,7 @@ def test_a_damaged_checkpoint_is_named_and_the_one_before_is_used(run, damage, c
 
 
 @pytest.mark.parametrize("damage", ["step 5", "truncated adapter"])
+@pytest.mark.plain
 def test_resume_skips_a_damaged_newest_checkpoint_and_cuts_the_metrics_back(run, damage):
     logged = read_jsonl(run / "metrics.jsonl")
     DAMAGE[damage][0](run / "checkpoints" / "step-2")

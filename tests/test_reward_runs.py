@@ -9,6 +9,8 @@ from test_rewards import FAILS
 
 from thinkrl.run.jsonl import read_jsonl
 
+pytestmark = pytest.mark.plain  # reaches the CPU speed-ups: make test-plain reruns it (tests/plain_marks.py)
+
 TIMES = ("time/", "tokens/s", "generate/tokens_per_s")
 
 

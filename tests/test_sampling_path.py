@@ -96,6 +96,7 @@ def test_the_sampling_path_says_when_the_trained_policy_itself_is_sampled(tiny_m
     assert path.why.startswith("it samples with the trained policy itself, not a frozen copy (full fine-tuning, rollout.precision=same)")
 
 
+@pytest.mark.plain
 def test_train_and_eval_say_and_record_their_sampling_path(tiny_model_dir, tmp_path):
     """The startup output of train and eval names the resolved engine and decoder; config.yaml keeps
     rollout.engine=auto as written, data_report.json and eval's settings.json record the path."""

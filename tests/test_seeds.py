@@ -46,6 +46,7 @@ def test_pool_on_disk_survives_eviction_through_checkpoint_links(tmp_path):
     assert restored.weights(restored.entries[0], "cpu")["a"].item() == 0.0
 
 
+@pytest.mark.plain
 def test_seeded_prefixes_come_from_the_historical_adapter(tiny_model_dir):
     policy = tiny(tiny_model_dir)
     sampler = PolicySampler(policy, copy_always=True)
@@ -89,6 +90,7 @@ def test_method_name_turns_seeding_on_and_any_method_can_seed():
 
 
 @pytest.mark.parametrize("extra", [(), ("-o", "model.lora.rank=0", "-o", "train.lr=1e-3")], ids=["lora-memory", "full-disk"])
+@pytest.mark.plain
 def test_seeded_run_resumes_with_its_pool(tiny_model_dir, tmp_path, extra):
     opts = ("--method", "thinking_seeds", "-o", "seeds.every=2", *extra)
     keys = ["reward/mean", "loss", "grad_norm", "seeds/pool_size", "seeds/seeded_frac", "prefix/abs_log_ratio"]

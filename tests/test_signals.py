@@ -14,6 +14,8 @@ from test_faults import COMPARED, subprocess_env
 from thinkrl.run import checkpoint
 from thinkrl.run.jsonl import read_jsonl
 
+pytestmark = pytest.mark.plain  # reaches the CPU speed-ups: make test-plain reruns it (tests/plain_marks.py)
+
 
 @pytest.fixture(scope="module")
 def straight_run(tiny_model_dir, tmp_path_factory) -> list[dict]:

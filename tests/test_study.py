@@ -167,6 +167,7 @@ def tiny_study(tmp_path: Path, model_dir: Path, steps: int) -> Path:
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+@pytest.mark.plain
 def test_a_study_runs_two_at_a_time_stops_and_resumes(tiny_model_dir, tmp_path, sig):
     """SIGTERM (a scheduler, Ctrl-C): the running runs checkpoint and the study says how to continue. SIGKILL:
     the runs get SIGTERM from the kernel (parent-death signal) and checkpoint; the restart waits for them."""
@@ -196,6 +197,7 @@ def test_a_study_runs_two_at_a_time_stops_and_resumes(tiny_model_dir, tmp_path, 
     assert steps == [1, 2, 3, 4, 5, 6]  # the interrupted run continued where it stopped, no step twice
 
 
+@pytest.mark.plain
 def test_a_failing_arm_fails_the_study_naming_the_run_and_its_error(tiny_model_dir, tmp_path, capsys, monkeypatch):
     path = tiny_study(tmp_path, tiny_model_dir, 1)
     raw = yaml.safe_load(path.read_text())

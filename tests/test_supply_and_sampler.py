@@ -188,6 +188,7 @@ def test_restore_merges_again_only_when_the_adapters_changed(tiny_model_dir, mon
     assert matches_policy(sampler.restore()) and len(merges) == 4
 
 
+@pytest.mark.plain
 def test_precision_mismatch_is_logged_end_to_end(tiny_model_dir, tmp_path):
     invoke(tiny_args(tiny_model_dir, tmp_path / "fp8", 2, "-o", "rollout.precision=fp8"))
     invoke(tiny_args(tiny_model_dir, tmp_path / "same", 2))
@@ -197,6 +198,7 @@ def test_precision_mismatch_is_logged_end_to_end(tiny_model_dir, tmp_path):
     assert all(m["mismatch/abs_log_ratio"] < 1e-5 for m in same)
 
 
+@pytest.mark.plain
 def test_staleness_and_sampler_old_policy_resume_exactly(tiny_model_dir, tmp_path):
     opts = ("-o", "rollout.staleness=1", "-o", "train.old_policy=sampler")
     keys = ["reward/mean", "loss", "grad_norm", "mismatch/abs_log_ratio"]

@@ -110,6 +110,7 @@ def test_the_eval_table_and_compare_print_names_as_text(tmp_path, terminal, monk
     assert "\\x1b]0;pwned" in result.output and "dapo[link=" in result.output
 
 
+@pytest.mark.plain
 def test_a_hostile_dataset_through_training_show_and_eval(tiny_model_dir, tmp_path, terminal, capsys):
     """Problems and ids carry the payload (and, for eval, the file's own name); nothing printed obeys it."""
     data = tmp_path / "math.jsonl"

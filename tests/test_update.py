@@ -3,6 +3,7 @@ correction and the training forward hand each loss call. The losses themselves a
 
 from __future__ import annotations
 
+import pytest
 import torch
 from accelerate import Accelerator
 from dist_update import G, P, global_batch  # tests/dist_update.py: 4 prompts x 3 completions of uneven lengths
@@ -16,6 +17,8 @@ from thinkrl.methods import get_method
 from thinkrl.models import add_lora, load_base
 from thinkrl.settings import load_config, resolve
 from thinkrl.setup import _reference
+
+pytestmark = pytest.mark.plain  # reaches the CPU speed-ups: make test-plain reruns it (tests/plain_marks.py)
 
 
 def learner(model_dir, method: str, *overrides: str, reference: bool = False, prefix_len=None):

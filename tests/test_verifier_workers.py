@@ -127,6 +127,7 @@ def test_a_process_that_only_uses_the_pool_never_imports_sympy():
     assert json.loads(out.stdout.splitlines()[-1]) == {"scores": [1.0, 0.0], "loaded": []}
 
 
+@pytest.mark.plain
 def test_training_never_parses_in_the_trainer_process(tiny_model_dir, tmp_path, monkeypatch):
     """A CLI training run with the default grader (and periodic eval) while every parser raises here."""
     import math_verify

@@ -195,6 +195,7 @@ def test_ais_requires_and_class_flags():
     assert get_method("ais").requires == set() and not method_class("ais").batch_statistics
 
 
+@pytest.mark.plain
 def test_ais_resume_continues_the_controller_exactly(tiny_model_dir, tmp_path):
     # through the trainer: begin_step each step, the state saved in the checkpoint and loaded on --resume
     extra = ["-o", "rollout.precision=fp8", "-o", "method.ema=0.5"]

@@ -188,6 +188,7 @@ def test_stare_requires_and_class_flags():
     assert get_method("stare").requires == {"old_entropy"} and method_class("stare").batch_statistics
 
 
+@pytest.mark.plain
 def test_stare_resume_continues_the_controller_exactly(tiny_model_dir, tmp_path):
     # through the trainer: begin_step each step, the state saved in the checkpoint and loaded on --resume.
     # target 100 nats: the tiny random model's entropy (about 4.6) keeps the gate on; W / M move every step
