@@ -2,7 +2,8 @@
 
 `make demo` runs through make itself, shortened by its variables (DEMO_STEPS, DEMO_LIMIT) and pointed at the
 test's own environment. Every `thinkrl` line of README.md's bash blocks is either run here, as the real
-`thinkrl` executable in a scratch directory, shortened (2 steps of 16 tokens, a few problems), or listed in
+`thinkrl` executable in a scratch directory, shortened (2 steps of 16 tokens, a few problems; the example study
+on that budget), or listed in
 NOT_HERE with the reason (it needs a hub model). A README line in neither table fails the test, so a new
 command is run as soon as it is documented. test_readme.py checks every documented line up to the work
 (options, keys, values); this file does the work.
@@ -19,6 +20,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from test_readme import ROOT, documented_commands
 
 pytestmark = pytest.mark.slow
@@ -42,7 +44,9 @@ RUN_HERE = {
     "show runs/a --step 40": "show runs/a --step 2",
     "export runs/a --out exported --merge": "export runs/a --out exported --merge",
     "train --method grpo --recipe ctpo": f"train --method grpo --recipe ctpo --output-dir runs/c {SHORT} -o rollout.group_size=8",
-    "study examples/study/grpo_vs_dr_grpo.yaml --jobs 2": "study examples/study/grpo_vs_dr_grpo.yaml --jobs 2",  # as it is: minutes
+    # the example study's arms, seeds and metrics on the budget above (the file as it is trains 8 x 6 full demo steps:
+    # minutes, for nothing test_study.py's tiny runs do not check)
+    "study examples/study/grpo_vs_dr_grpo.yaml --jobs 2": "study short_study.yaml --jobs 2",
     "probe --from runs/demo -o rollout.group_size=4": "probe --from runs/a -o rollout.group_size=4 --replicates 3 --stale-prompts 2 "
     "--reference-prompts 2 -o verifier.workers=1",
 }
@@ -91,6 +95,10 @@ def test_the_readme_commands_on_the_bundled_model_run(tmp_path):
         (tmp_path / name).symlink_to(ROOT / name)
     block = (ROOT / "README.md").read_text().split("# my_run.yaml")[1].split("```")[0]
     (tmp_path / "my_run.yaml").write_text(block.split("\n", 1)[1])
+    study = yaml.safe_load((ROOT / "examples" / "study" / "grpo_vs_dr_grpo.yaml").read_text())
+    budget = ["train.steps=3", "rollout.max_new_tokens=16", "rollout.group_size=4", "verifier.workers=1"]  # its metrics: the last 3 steps
+    study["overrides"] = [o for o in study["overrides"] if not o.startswith("train.steps=")] + budget
+    (tmp_path / "short_study.yaml").write_text(yaml.safe_dump(study))
     outputs = {}
     for line, shortened in RUN_HERE.items():
         if "runs/try" in line:  # the README's name for any run: the one trained above
@@ -98,13 +106,16 @@ def test_the_readme_commands_on_the_bundled_model_run(tmp_path):
         outputs[line] = run([str(BIN / "thinkrl"), *shlex.split(shortened)], tmp_path)
     assert "train" in outputs["--help"] and "eval" in outputs["--help"]
     assert steps(tmp_path / "runs" / "a") == steps(tmp_path / "runs" / "b") == [1, 2]
+    metrics = [json.loads(line) for line in (tmp_path / "runs" / "a" / "metrics.jsonl").read_text().splitlines()]
+    assert all(m["length/mean"] > 0 and m["time/generate"] > 0 for m in metrics)
+    assert (tmp_path / "runs" / "a" / "config.yaml").is_file() and (tmp_path / "runs" / "a" / "rollouts.jsonl").stat().st_size > 0
     assert "vanilla_pg" in (tmp_path / "runs" / "b" / "config.yaml").read_text()
     assert "method.name = 'ctpo'" in outputs["config --method ctpo"]
     assert "model.name = 'Qwen/Qwen2.5-Math-1.5B'  (my_run.yaml:" in outputs["config my_run.yaml"]
     assert outputs["methods grpo"].startswith("GRPO")
     assert "sampling: engine lean (auto on a CPU): fused decoder" in outputs["train --dry-run -o rollout.max_new_tokens=1024"]
     summary = json.loads((tmp_path / "runs" / "try" / "eval" / "step-2" / "arith" / "summary.json").read_text())
-    assert summary["problems"] == 3
+    assert summary["problems"] == 3 and summary["settings"]["checkpoint_step"] == 2  # the run's newest checkpoint
     assert (tmp_path / "fig.png").stat().st_size > 0
     compared = outputs["compare runs/a runs/b"]
     assert "grpo" in compared and "vanilla_pg" in compared and "reward final" in compared, compared  # a column per run
