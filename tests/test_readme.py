@@ -178,6 +178,18 @@ def test_the_documents_hold_commands_to_check():
     assert any("-o" in c.args for c in readme), "README's train lines set config keys with -o"
 
 
+README_LINES = 120  # a newcomer's five minutes: measurements and their machines live in docs/benchmarks.md
+
+
+def test_the_readme_is_short_and_holds_no_measurement_log():
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= README_LINES, f"README.md has {len(text.splitlines())} lines; move detail to docs/"
+    commit = re.search(r"\b(?=[0-9]*[a-f])(?=[a-f]*[0-9])[0-9a-f]{7,40}\b", text)  # hex with a letter and a digit
+    assert not commit, f"a commit hash in README.md ({commit and commit.group()}): measurements go to docs/benchmarks.md"
+    links = re.findall(r"\]\((docs/benchmarks\.md[^)]*)\)", text)
+    assert len(links) == 1, f"README.md links docs/benchmarks.md once (its one speed claim), not {links}"
+
+
 @pytest.mark.parametrize("command", COMMANDS, ids=[c.where for c in COMMANDS])
 @pytest.mark.plain
 def test_documented_command_runs_as_written(command, workdir, trained):
