@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from thinkrl.run.jsonl import read_jsonl
 from thinkrl.settings import load_config, resolve
 
@@ -25,6 +27,7 @@ def _env() -> dict:
     return {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", "OMP_NUM_THREADS": "1"}
 
 
+@pytest.mark.plain  # the script's runs reach the CPU speed-ups (tests/plain_marks.py)
 def test_compare_methods_script_trains_plots_and_tabulates(tiny_model_dir, tmp_path):
     out = tmp_path / "cmp"
     env = {**_env(), "METHODS": "grpo cispo", "STEPS": "2", "OUT": str(out)}

@@ -9,7 +9,8 @@ unmarked fast test reached it; the report names each test and the fix.
 
 Not counted: `accel.process_start` (allocator settings, no number changes), a test that sets THINKRL_ACCEL in
 this process itself (it runs both paths, or the one it names: tests/test_accel_switch.py, the accel_on
-fixture), and slow tests (test-plain runs fast tests only).
+fixture), slow tests (test-plain runs fast tests only) and vLLM tests (test-plain's venv has no vLLM; the
+vLLM suite's bfloat16 run is the plain path already).
 """
 
 from __future__ import annotations
@@ -151,7 +152,7 @@ def pytest_runtest_logreport(report):
     if _worker or report.when != "call" or report.skipped:
         return
     touched = dict(report.user_properties).get("accel_touched")
-    if touched and MARK not in report.keywords and "slow" not in report.keywords:
+    if touched and MARK not in report.keywords and not {"slow", "vllm"} & set(report.keywords):
         _unmarked.append(f"{report.nodeid}: {touched}")
 
 

@@ -37,6 +37,10 @@ def test_marked():
 def test_slow_is_not_rerun_by_test_plain():
     accel.checkpoint_kwargs(frozenset())
 
+@pytest.mark.vllm
+def test_vllm_is_not_rerun_by_test_plain():
+    accel.checkpoint_kwargs(frozenset())
+
 def test_sets_the_switch_itself(monkeypatch):
     monkeypatch.setenv("THINKRL_ACCEL", "0")
     accel.checkpoint_kwargs(frozenset())
@@ -51,7 +55,7 @@ def test_nothing_of_accel():
 
 def run_suite(tmp_path: Path, body: str) -> subprocess.CompletedProcess:
     (tmp_path / "test_suite.py").write_text(body)
-    (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    plain: x\n    slow: x\n")
+    (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    plain: x\n    slow: x\n    vllm: x\n")
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "plain_marks", "-p", "no:cacheprovider", str(tmp_path)]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "COV_"))} | {"PYTHONPATH": str(TESTS)}
     return subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
@@ -61,15 +65,15 @@ def test_an_unmarked_test_that_reaches_the_speed_ups_fails_the_run_by_name(tmp_p
     out = run_suite(tmp_path, SUITE)
     report = out.stdout.split("without the `plain` mark")[-1]
     assert out.returncode == 1, out.stdout[-3000:]
-    assert "8 passed" in out.stdout
+    assert "9 passed" in out.stdout
     assert "test_unmarked_reaches_a_hook: thinkrl.accel (checkpoint_kwargs)" in report
     assert "test_unmarked_starts_python_that_reaches_a_hook: a subprocess reached thinkrl.accel (checkpoint_kwargs)" in report
-    for fine in ("test_marked", "test_slow_is", "test_sets_the_switch", "test_allocator_settings", "test_nothing_of", "reaches_nothing"):
-        assert fine not in report, report
+    for name in ("marked", "slow_is", "vllm_is", "sets_the_switch", "allocator_settings", "nothing_of", "reaches_nothing"):
+        assert f"test_{name}" not in report, report
 
 
 def test_a_suite_whose_marks_are_true_passes(tmp_path):
     body = SUITE.replace("def test_unmarked_reaches_a_hook", "@pytest.mark.plain\ndef test_unmarked_reaches_a_hook")
     body = body.replace("def test_unmarked_starts_python", "@pytest.mark.plain\ndef test_unmarked_starts_python")
     out = run_suite(tmp_path, body)
-    assert out.returncode == 0 and "8 passed" in out.stdout, out.stdout[-3000:]
+    assert out.returncode == 0 and "9 passed" in out.stdout, out.stdout[-3000:]

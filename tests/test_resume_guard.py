@@ -77,7 +77,7 @@ def changes(run: Path) -> list[dict]:
         (["-o", "method.beta=0.04"], "method.beta 0.0 -> 0.04"),
         (["-o", "train.entropy_coef=0.01"], "train.entropy_coef 0.0 -> 0.01"),
         (["-o", "train.epochs=2"], "train.epochs 1 -> 2"),
-        (["-o", "rollout.staleness=1"], "rollout.staleness 0 -> 1"),
+        pytest.param(["-o", "rollout.staleness=1"], "rollout.staleness 0 -> 1", marks=pytest.mark.plain),  # refused after the model loads
         (["-o", "seeds.per_group=1"], "seeds.per_group 2 -> 1"),
     ],
 )
