@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
+from launch import ranks, thinkrl_script, torchrun_cmd
 
 from thinkrl.run.jsonl import read_jsonl
 
@@ -19,18 +20,7 @@ pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_avai
 
 
 def torchrun(n: int, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}", *args]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd, timeout=600)
-    for _ in range(2):
-        # a rank now and then aborts in gloo's C++ teardown on a loaded 2-core machine (seen in about one in
-        # five runs under load, never alone; CI once saw it twice in a row); that is not what these tests
-        # check, so the launch is repeated, at most twice, and only for that abort
-        if not (proc.returncode and "terminate called without an active exception" in proc.stderr):
-            break
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc
+    return ranks([*torchrun_cmd(n), *args], cwd=cwd)
 
 
 @pytest.mark.parametrize(
@@ -67,8 +57,7 @@ def test_two_process_update_equals_one_process_update(tiny_model_dir, tmp_path, 
 def test_torchrun_train_writes_one_log_and_one_checkpoint(tiny_model_dir, tmp_path):
     """`torchrun --nproc_per_node 2 thinkrl train`: groups are split across ranks, rank 0 writes everything."""
     out = tmp_path / "run"
-    entry = Path(sys.executable).with_name("thinkrl")
-    script = [str(entry)] if entry.exists() else ["-m", "thinkrl.cli"]
+    script = thinkrl_script()
     args = [
         "train",
         "--model",

@@ -169,7 +169,7 @@ def test_restore_merges_again_only_when_the_adapters_changed(tiny_model_dir, mon
     policy = tiny(tiny_model_dir)
     sampler, merges = PolicySampler(policy), []
     merge = sampler._rebuild
-    monkeypatch.setattr(sampler, "_rebuild", lambda: (merges.append(1), merge())[1])
+    monkeypatch.setattr(sampler, "_rebuild", lambda state: (merges.append(1), merge(state))[1])
     ids = torch.tensor([PROMPTS[0]])
 
     def matches_policy(model) -> bool:

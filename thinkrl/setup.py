@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from thinkrl import sharding
 from thinkrl.config import Config
 from thinkrl.data import build_prompts, fit_context, load_problems, model_context, template_note, uses_chat
 from thinkrl.errors import UserError
@@ -170,16 +171,20 @@ def prepare(cfg: Config, method: Method, accelerator, run_dir: Path, ckpt: Path 
     optimizer = torch.optim.AdamW(params, lr=tc.lr, betas=tuple(tc.adam_betas), weight_decay=tc.weight_decay)
     total_updates = tc.steps * tc.mini_batches * tc.epochs
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(tc, total_updates))
+    if ckpt is not None:  # the weights before FSDP shards them: every rank reads the whole file
+        checkpoint.load_weights(ckpt, policy)
+    # the sampler's own copy is made from the whole weights too; under FSDP it samples with a copy always
+    sampler = PolicySampler(policy, rc.precision, rc.staleness, copy_always=cfg.seeds.enabled or sharding.requested())
     # the training forward goes through `model` (DDP/FSDP see it); sampling and checkpoints use `policy`
     model, optimizer, scheduler = accelerator.prepare(PolicyLogProbs(policy), optimizer, scheduler)
     policy = accelerator.unwrap_model(model).policy
     ref_model = _reference(cfg, policy, device) if "ref_logp" in method.requires else None
     learner = UpdateContext(model, method, optimizer, scheduler, accelerator, cfg, tok.pad_token_id, ref_model)
-    sampler = PolicySampler(policy, rc.precision, rc.staleness, copy_always=cfg.seeds.enabled)
     seed_pool = _seed_pool(cfg, run_dir) if cfg.seeds.enabled else None
     start = 0
     if ckpt is not None:
-        checkpoint.load(ckpt, policy, optimizer, scheduler, method, sampler, seed_pool)
+        load_optimizer = (lambda state: sharding.load_optimizer(model, optimizer, state)) if sharding.is_sharded(model) else None
+        checkpoint.load_state(ckpt, optimizer, scheduler, method, sampler, seed_pool, load_optimizer)
         start = checkpoint.checkpoint_step(ckpt)  # trainer_state.json agrees with it (intact.verify)
         _use_config_hyperparameters(optimizer, scheduler, tc, total_updates)
         console.print(f"resuming {run_dir} from {ckpt.name}")

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from rich.markup import escape
 
-from thinkrl import accel, distributed, setup
+from thinkrl import accel, distributed, setup, sharding
 from thinkrl.config import Config
 from thinkrl.errors import UserError
 from thinkrl.evaluation.evaluate import eval_during_training
@@ -74,12 +74,13 @@ class _Run:
 
 
 def _train(cfg: Config, resume: bool, held: contextlib.ExitStack, allow_changes: bool = False) -> Path:
-    from accelerate import Accelerator
-
     recipe, (cfg, method) = recipe_report(cfg), resolve_with_method(cfg)  # the recipe as loaded; the method built once
-    # several processes (torchrun / accelerate launch): Accelerate sets up the process group and wraps the
-    # model; thinkrl/distributed.py says which prompts are this rank's; only rank 0 writes
-    accelerator = Accelerator(cpu=not torch.cuda.is_available(), **trackers.accelerator_kwargs(cfg.log, Path(cfg.output_dir)))
+    # several processes (torchrun / accelerate launch): Accelerate sets up the process group and wraps (or,
+    # with FSDP, shards: thinkrl/sharding.py) the model; thinkrl/distributed.py says which prompts are this
+    # rank's; only rank 0 writes
+    if sharding.requested():
+        sharding.check_supported(cfg)
+    accelerator = sharding.accelerator(not torch.cuda.is_available(), **trackers.accelerator_kwargs(cfg.log, Path(cfg.output_dir)))
     cfg.output_dir = distributed.all_gather(cfg.output_dir)[0]  # a default name is made per process: every rank takes rank 0's
     run_dir = Path(cfg.output_dir)
     rank, world = distributed.world()
@@ -224,10 +225,12 @@ def _step(run: _Run, step: int, pool) -> tuple[dict, dict]:
 
     # 5. evaluate (eval.every), log
     evals = {}
-    if main and cfg.eval.every and ((step + 1) % cfg.eval.every == 0 or step + 1 == cfg.train.steps):
+    if cfg.eval.every and ((step + 1) % cfg.eval.every == 0 or step + 1 == cfg.train.steps):
         run.phase = "evaluation"
-        evals = eval_during_training(s.sampler.refresh(current=True), s.tok, cfg, run.run_dir, step + 1, pool, s.engine)
-        evals["time/eval"] = time.perf_counter() - t3
+        model = s.sampler.refresh(current=True)  # on every rank: under FSDP the rebuild gathers from all of them
+        if main:
+            evals = eval_during_training(model, s.tok, cfg, run.run_dir, step + 1, pool, s.engine)
+            evals["time/eval"] = time.perf_counter() - t3
     record = records.step_record(step + 1, samples, upd, astats, {"time/update": t3 - t2, "time/step": t3 - t0, **evals})
     if main:
         with faults.writes(run.metrics_log.path, run.run_dir):
@@ -244,25 +247,16 @@ def _step(run: _Run, step: int, pool) -> tuple[dict, dict]:
 def _save(run: _Run, step: int) -> None:
     """Checkpoint `step` (rank 0); a failed write gives its temporary directory's space back at once."""
     cfg, s, run_dir = run.cfg, run.s, run.run_dir
+    model = s.learner.model
+    gathered = sharding.gathered(model, s.learner.optimizer, s.sampler.lora) if sharding.is_sharded(model) else None  # every rank
     if run.rank != 0:
         return
     state = {"seed": cfg.train.seed, "method": cfg.method.name}
     try:
         with faults.writes(run_dir / "checkpoints" / f"step-{step}", run_dir):
             learner = s.learner
-            checkpoint.save(
-                run_dir,
-                step,
-                s.policy,
-                s.tok,
-                learner.optimizer,
-                learner.scheduler,
-                s.method,
-                state,
-                cfg.train.keep_last,
-                s.sampler,
-                s.seed_pool,
-            )
+            args = (s.policy, s.tok, learner.optimizer, learner.scheduler, s.method, state, cfg.train.keep_last, s.sampler, s.seed_pool)
+            checkpoint.save(run_dir, step, *args, gathered)
     except UserError:
         with contextlib.suppress(OSError):  # the half-written temporary directory: give its space back now
             checkpoint.remove_stale(run_dir)

@@ -129,6 +129,10 @@ class PolicyLogProbs(torch.nn.Module):
     def __init__(self, policy) -> None:
         super().__init__()
         self.policy = policy
+        # the decoder layer classes: what Accelerate's FSDP wraps one by one (TRANSFORMER_BASED_WRAP)
+        self._no_split_modules = getattr(policy, "_no_split_modules", None) or getattr(
+            getattr(policy, "get_base_model", lambda: policy)(), "_no_split_modules", None
+        )
 
     def forward(
         self,

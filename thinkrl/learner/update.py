@@ -28,6 +28,7 @@ from thinkrl.learner.logprobs import LogProbs, activation_bytes, dropout_off, re
 from thinkrl.learner.old_policy import OldPolicy, old_policy, policy_pass
 from thinkrl.methods import Method
 from thinkrl.ops import masked_mean
+from thinkrl.sharding import full
 
 ACTIVATION_BUDGET = 2**30  # bytes of activations one pass may keep before auto checkpointing recomputes them
 
@@ -117,7 +118,8 @@ def _mini_batch(ctx: UpdateContext, st: _Step, mini: Tensor, order: Tensor) -> N
         loss_sum = torch.tensor(distributed.all_sum([float(loss_sum)])[0])
     trained = isinstance(loss_sum, Tensor)  # False: every row of this mini-batch was masked
     params = [p for p in ctx.model.parameters() if p.requires_grad]
-    grad_norm = accelerator.clip_grad_norm_(params, tc.grad_clip if tc.grad_clip > 0 else float("inf"))
+    # one number over every shard under FSDP, so all ranks reach the same verdict below
+    grad_norm = full(accelerator.clip_grad_norm_(params, tc.grad_clip if tc.grad_clip > 0 else float("inf")))
     # one device sync per optimizer step: a NaN/inf gradient would enter Adam's moments and poison every
     # later update, so it must be caught before optimizer.step()
     finite = not trained or bool(torch.isfinite(grad_norm) & torch.isfinite(torch.as_tensor(loss_sum)))

@@ -25,6 +25,8 @@ from collections import deque
 import torch
 from torch import Tensor, nn
 
+from thinkrl.sharding import full
+
 FP8_MAX = 448.0  # largest finite float8 e4m3 value
 CAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -50,7 +52,6 @@ class PolicySampler:
             raise ValueError(f"rollout.precision={precision!r}: choose same, bf16, fp16 or fp8")
         self.policy, self.precision, self.staleness = policy, precision, staleness
         self.lora = hasattr(policy, "peft_config")
-        self.trainable = {n: p for n, p in policy.named_parameters() if p.requires_grad}
         self.history: deque[dict[str, Tensor]] = deque(maxlen=staleness + 1)
         self._pairs: list = []
         self._source: dict[str, Tensor] | None = None  # the snapshot the last refresh() built from (None = current)
@@ -66,10 +67,10 @@ class PolicySampler:
             # one small matmul per layer per step
             self.model = copy.deepcopy(policy).merge_and_unload()
             targets = dict(self.model.named_modules())
-            self._pairs = [(m, targets[n]) for n, m in policy.get_base_model().named_modules() if isinstance(m, LoraLayer)]
-            fixed = _linear_weights(self.model) - {
-                f"{n}.weight" for n, m in policy.get_base_model().named_modules() if isinstance(m, LoraLayer)
-            }
+            layers = [(n, m) for n, m in policy.get_base_model().named_modules() if isinstance(m, LoraLayer)]
+            # (LoRA layer, its name in the policy, the merged copy's linear layer it writes)
+            self._pairs = [(m, f"base_model.model.{n}", targets[n]) for n, m in layers]
+            fixed = _linear_weights(self.model) - {f"{n}.weight" for n, _ in layers}
         else:
             self.model = copy.deepcopy(policy)
             fixed = set()
@@ -81,6 +82,17 @@ class PolicySampler:
             for name, p in self.model.named_parameters():
                 if name in fixed and name in self._quantised:
                     p.copy_(fake_fp8(p))
+
+    @property
+    def trainable(self) -> dict[str, Tensor]:
+        """The policy's trainable parameters, looked up at each use: FSDP replaces the parameter objects when
+        it shards them (thinkrl/sharding.py)."""
+        return {n: p for n, p in self.policy.named_parameters() if p.requires_grad}
+
+    @property
+    def adapters(self) -> dict[str, Tensor] | None:
+        """LoRA: the adapter weights the sampling copy holds now (set by restore(); None after historical())."""
+        return self._built
 
     def _changed(self):
         """Mark the sampling model's weights as new (engines that hold their own copy, vLLM, push again)."""
@@ -102,16 +114,14 @@ class PolicySampler:
         return self.restore()
 
     def snapshot(self) -> dict[str, Tensor]:
-        """A copy of the policy's trainable weights (the LoRA adapters, or every weight)."""
-        return {n: p.detach().clone() for n, p in self.trainable.items()}
+        """A copy of the policy's trainable weights (the LoRA adapters, or every weight), whole even when
+        FSDP shards them (every rank must then call it)."""
+        return {n: full(p.detach()).clone() for n, p in self.trainable.items()}
 
     @torch.no_grad()
     def historical(self, state: dict[str, Tensor]):
         """The sampling model with these trainable weights (a Thinking Seeds checkpoint); `restore()` after."""
-        current = self.snapshot()
-        self._load(state)
-        self._rebuild()
-        self._load(current)
+        self._rebuild(state)
         self._built = None  # historical weights: the next restore() rebuilds
         return self._changed()
 
@@ -122,33 +132,31 @@ class PolicySampler:
         costs a full copy of the weights, and an engine with its own copy (vLLM) would load them again."""
         if self.model is self.policy:
             return self._changed()
-        wanted = self._source if self._source is not None else self.trainable
-        if self._built is not None and all(torch.equal(self._built[n], t) for n, t in wanted.items()):
-            return self.model.eval()
-        if self._source is None:
-            self._rebuild()
-        else:
-            current = self.snapshot()
-            self._load(self._source)
-            self._rebuild()
-            self._load(current)
-        if self.lora:  # a few MB of adapters, compared at the next restore()
-            self._built = {n: t.detach().clone() for n, t in wanted.items()}
+        wanted = self._source
+        if self.lora:  # a few MB of adapters, compared with what the sampling weights hold
+            wanted = self.snapshot() if wanted is None else wanted
+            if self._built is not None and all(torch.equal(self._built[n], t) for n, t in wanted.items()):
+                return self.model.eval()
+            self._built = wanted
+        self._rebuild(wanted)
         return self._changed()
 
-    def _load(self, state: dict[str, Tensor]) -> None:
-        for n, p in self.trainable.items():
-            p.copy_(state[n])
-
-    def _rebuild(self) -> None:
+    def _rebuild(self, state: dict[str, Tensor] | None) -> None:
+        """Write the sampling weights from `state` (trainable weights by name; None: the policy's own), one
+        layer at a time; a sharded policy's weights are gathered here (thinkrl/sharding.py)."""
+        weight = lambda name, p: state[name] if state is not None and name in state else full(p.detach())  # noqa: E731
         if self.lora:
-            for lora, target in self._pairs:
-                w = lora.base_layer.weight + lora.get_delta_weight(lora.active_adapters[0])
+            params = dict(self.policy.named_parameters())
+            for lora, name, target in self._pairs:
+                key = lora.active_adapters[0]
+                a, b = (f"{name}.lora_{x}.{key}.weight" for x in "AB")
+                delta = (weight(b, params[b]) @ weight(a, params[a])) * lora.scaling[key]  # (out, r) @ (r, in)
+                w = full(lora.base_layer.weight.detach()) + (delta.T if lora.fan_in_fan_out else delta)
                 target.weight.copy_(self._transform(w, True))
         else:
             params = dict(self.model.named_parameters())
             for name, p in self.policy.named_parameters():
-                params[name].copy_(self._transform(p, name in self._quantised))
+                params[name].copy_(self._transform(weight(name, p), name in self._quantised))
 
     def _transform(self, w: Tensor, linear: bool) -> Tensor:
         return fake_fp8(w) if linear and self.precision == "fp8" else w  # copy_ casts for bf16 / fp16

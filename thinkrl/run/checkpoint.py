@@ -17,6 +17,7 @@ unpickled (weights_only=True) and weights are read only from safetensors. Conten
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pickle
@@ -72,26 +73,42 @@ def is_peft(model) -> bool:
     return hasattr(model, "peft_config")
 
 
-def save_weights(model, tokenizer, directory: Path) -> None:
-    """Adapter only (peft) or the whole model, in safetensors."""
+def save_weights(model, tokenizer, directory: Path, state_dict: dict | None = None) -> None:
+    """Adapter only (peft) or the whole model, in safetensors; `state_dict`: the weights to write in place of
+    the model's own (whole tensors gathered from FSDP shards, thinkrl/sharding.py)."""
+    given = {} if state_dict is None else {"state_dict": state_dict}
     if is_peft(model):
-        model.save_pretrained(directory / "adapter")
+        model.save_pretrained(directory / "adapter", **given)
     else:
-        model.save_pretrained(directory / "model")
+        model.save_pretrained(directory / "model", **given)
         tokenizer.save_pretrained(directory / "model")
 
 
 def save(
-    run_dir: Path, step: int, model, tokenizer, optimizer, scheduler, method, extra: dict, keep_last: int = 0, sampler=None, seed_pool=None
+    run_dir: Path,
+    step: int,
+    model,
+    tokenizer,
+    optimizer,
+    scheduler,
+    method,
+    extra: dict,
+    keep_last: int = 0,
+    sampler=None,
+    seed_pool=None,
+    gathered: tuple[dict, dict] | None = None,
 ) -> Path:
+    """Write checkpoint step-`step` atomically; `gathered`: (weights, optimizer state) to write instead of the
+    model's and optimizer's own (FSDP: thinkrl/sharding.py gathered them from every rank)."""
     root = run_dir / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
     remove_stale(run_dir)  # what an earlier, killed process left (this one's own leftovers included)
     final = root / f"step-{step}"
     tmp = root / f".tmp-step-{step}-{os.getpid()}"
     tmp.mkdir()
-    save_weights(model, tokenizer, tmp)
-    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+    weights, optimizer_state = gathered if gathered is not None else (None, optimizer.state_dict())
+    save_weights(model, tokenizer, tmp, weights)
+    torch.save(optimizer_state, tmp / "optimizer.pt")
     torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
     torch.save(method.state_dict(), tmp / "method.pt")
     if sampler is not None and sampler.staleness:
@@ -177,18 +194,33 @@ def load_weights_into(model, directory: Path) -> None:
         model.load_state_dict(saved.state_dict())
 
 
-def load(ckpt: Path, model, optimizer, scheduler, method, sampler=None, seed_pool=None) -> dict:
-    """Restore everything a checkpoint holds (`verify` it first); returns its trainer_state. A checkpoint that
-    does not fit this run (another model, LoRA shape or method: a resume with --allow-changes) is one line."""
-    try:
+def load_weights(ckpt: Path, model) -> None:
+    """A checkpoint's weights into the built model (before Accelerate wraps or shards it)."""
+    with _fits(ckpt):
         load_weights_into(model, ckpt)
-        optimizer.load_state_dict(_load_pt(ckpt / "optimizer.pt"))
+
+
+def load_state(ckpt: Path, optimizer, scheduler, method, sampler=None, seed_pool=None, load_optimizer=None) -> dict:
+    """Restore everything else a checkpoint holds (`verify` it first); returns its trainer_state.
+    `load_optimizer` puts the optimizer state in place where optimizer.load_state_dict cannot (FSDP shards)."""
+    with _fits(ckpt):
+        state = _load_pt(ckpt / "optimizer.pt")
+        (load_optimizer or optimizer.load_state_dict)(state)
         scheduler.load_state_dict(_load_pt(ckpt / "scheduler.pt"))
         method.load_state_dict(_load_pt(ckpt / "method.pt"))
         if sampler is not None and (ckpt / "sampler.pt").is_file():
             sampler.load_state_dict(_load_pt(ckpt / "sampler.pt"))
         if seed_pool is not None:
-            seed_pool.load(ckpt, next(model.parameters()).device)
+            seed_pool.load(ckpt, sampler.model.device if sampler is not None else "cpu")
+    return json.loads((ckpt / "trainer_state.json").read_text())
+
+
+@contextlib.contextmanager
+def _fits(ckpt: Path):
+    """A checkpoint that does not fit this run (another model, LoRA shape or method: a resume with
+    --allow-changes) is one line."""
+    try:
+        yield
     except (RuntimeError, ValueError, KeyError) as e:
         if "out of memory" in str(e).lower():
             raise
@@ -198,7 +230,6 @@ def load(ckpt: Path, model, optimizer, scheduler, method, sampler=None, seed_poo
             f"{ckpt} does not fit this run ({type(e).__name__}: {detail}); the model, model.lora.* or the method differ from "
             "the ones it was trained with: resume with the run's own settings (its config.yaml) or start a new run"
         ) from None
-    return json.loads((ckpt / "trainer_state.json").read_text())
 
 
 def checkpoint_step(ckpt: Path) -> int:

@@ -1,0 +1,104 @@
+"""FSDP2 (torch `fully_shard`, through Accelerate's FSDP plugin): what thinkrl does differently when the
+weights are sharded over the ranks.
+
+`accelerate launch --config_file configs/accelerate/fsdp.yaml` sets the FSDP_* variables and Accelerate's
+`prepare` shards the model: each rank then holds 1/N of every parameter, gradient and AdamW moment. Three
+things in thinkrl read whole weights, and each asks here:
+
+- the sampler (rollout/policy_copy.py) decodes with its own full copy, which it rebuilds from the sharded
+  policy once per update by gathering one parameter at a time (`full`); every rank gathers in the same order;
+- checkpoints hold full tensors, as a single process writes them: every rank takes part in the gather and
+  rank 0 writes (`gathered`); resume loads the weights before sharding and the optimizer state after it
+  (`load_optimizer`), so a run resumes at any process count;
+- the gradient norm, which decides whether an update is skipped as non-finite, is one number over all
+  shards (`full`), so every rank skips or applies the same update.
+
+Accelerate turns its FSDP plugin on for GPUs only; torch's FSDP2 runs on the CPU over gloo too, so on a
+CPU `accelerator()` takes the same prepare() path. That is how the tests run it (tests/test_fsdp.py).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from thinkrl.errors import UserError
+
+
+def requested() -> bool:
+    """Whether the launcher asked for FSDP (accelerate launch with an FSDP config sets this)."""
+    return os.environ.get("ACCELERATE_USE_FSDP", "false").lower() in ("true", "1")
+
+
+def accelerator(cpu: bool, **kwargs):
+    """The run's Accelerator; with FSDP requested, FSDP2 on a CPU process group too."""
+    from accelerate import Accelerator
+    from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
+
+    if os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() in ("true", "1"):
+        raise UserError(
+            "thinkrl does not run under DeepSpeed: its engine steps the optimizer inside backward, past thinkrl's check "
+            "for a non-finite update, and keeps its own checkpoint format; shard with FSDP2 instead: "
+            "accelerate launch --config_file configs/accelerate/fsdp.yaml (docs/distributed.md)"
+        )
+    if requested() and os.environ.get("FSDP_VERSION", "1") != "2":
+        raise UserError(
+            f"FSDP version {os.environ.get('FSDP_VERSION', '1')} was asked for; thinkrl runs FSDP2 only: set fsdp_version: 2 "
+            "in the accelerate config (configs/accelerate/fsdp.yaml has it)"
+        )
+    if requested():  # thinkrl/accel's CPU speed-ups repack whole weights, which FSDP holds in shards
+        os.environ["THINKRL_ACCEL"] = "0"
+    acc = Accelerator(cpu=cpu, **kwargs)
+    if requested() and acc.state.distributed_type == DistributedType.MULTI_CPU:
+        acc.state.fsdp_plugin = FullyShardedDataParallelPlugin()  # reads the FSDP_* variables the launcher set
+        acc.state.distributed_type = DistributedType.FSDP
+    return acc
+
+
+def is_sharded(model) -> bool:
+    """Whether `model` (or the module it wraps) is under fully_shard."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule) or any(isinstance(m, FSDPModule) for m in model.modules())
+
+
+def full(t: torch.Tensor) -> torch.Tensor:
+    """The whole tensor: a DTensor shard is gathered from every rank (a collective), a plain tensor is itself."""
+    from torch.distributed.tensor import DTensor
+
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def gathered(root, optimizer, trainable_only: bool) -> tuple[dict, dict]:
+    """(weights, optimizer state) as full CPU tensors on rank 0 ({} elsewhere): every rank must call it.
+    Weights are named as the policy names them (the root module holds it as `.policy`); with LoRA only the
+    trainable ones, which is all a checkpoint keeps of them."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    rank = torch.distributed.get_rank()
+    policy = root.policy
+    weights = {}
+    for name, p in policy.named_parameters():  # one parameter at a time: rank 0 never holds two copies
+        if p.requires_grad or not trainable_only:
+            t = full(p.detach())
+            if rank == 0:
+                weights[name] = t.cpu().clone()
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    return weights, get_optimizer_state_dict(root, optimizer, options=options)
+
+
+def load_optimizer(root, optimizer, state: dict) -> None:
+    """Optimizer state written by `gathered` into this rank's shards."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    set_optimizer_state_dict(root, optimizer, optim_state_dict=state, options=StateDictOptions(full_state_dict=True))
+
+
+def check_supported(cfg) -> None:
+    """What FSDP2 does not run yet, refused before any model loads."""
+    if cfg.seeds.enabled:
+        raise UserError(
+            "seeds.enabled=true is not supported under FSDP yet (each rank would gather historical weights on its own "
+            "schedule); run Thinking Seeds without the FSDP config, e.g. with configs/accelerate/ddp.yaml"
+        )
