@@ -19,6 +19,7 @@ ALLOWED: dict[str, set[str]] = {
     "batch": set(),
     "ops": set(),
     "distributed": set(),
+    "sharding": {"errors"},  # FSDP2: whole weights for the sampler and checkpoints, the CPU launch path
     "config": {"errors"},  # settings and their checks only: never a stage
     "models": {"config", "errors"},
     "methods": {"batch", "ops", "errors", "config"},  # the plugin surface: pure losses over a TokenBatch
@@ -28,11 +29,11 @@ ALLOWED: dict[str, set[str]] = {
     "rewards": {"verifier"},  # the built-in reward functions users name as thinkrl.rewards:NAME
     "data": {"config", "errors", "verifier"},
     "run": {"config", "distributed", "errors", "models", "verifier"},
-    "rollout": {"accel", "config", "data", "distributed", "errors", "forward", "models", "verifier"},
-    "learner": {"accel", "batch", "config", "distributed", "errors", "forward", "methods", "models", "ops", "rollout"},
+    "rollout": {"accel", "config", "data", "distributed", "errors", "forward", "models", "sharding", "verifier"},
+    "learner": {"accel", "batch", "config", "distributed", "errors", "forward", "methods", "models", "ops", "rollout", "sharding"},
     "evaluation": {"accel", "config", "data", "errors", "models", "rollout", "run", "verifier"},
     "settings": {"config", "errors", "methods", "run"},  # where config meets the method registry
-    "setup": {"config", "data", "errors", "learner", "methods", "models", "rollout", "run", "settings", "verifier"},
+    "setup": {"config", "data", "errors", "learner", "methods", "models", "rollout", "run", "settings", "sharding", "verifier"},
     "train": {
         "accel",
         "config",
@@ -45,6 +46,7 @@ ALLOWED: dict[str, set[str]] = {
         "run",
         "settings",
         "setup",
+        "sharding",
         "verifier",
     },
     # a study runs ordinary runs (as commands) and reads their directories back; a probe takes one update apart
@@ -67,8 +69,10 @@ ALLOWED: dict[str, set[str]] = {
         "verifier",
     },
     # thinkrl config: a train command's config, before it runs; train --dry-run: its engine path and memory, no weights
-    "preview": {"accel", "config", "data", "errors", "forward", "learner", "methods", "models", "rollout", "settings", "setup"},
-    "cli": {"config", "errors", "evaluation", "methods", "preview", "probe", "run", "settings", "study", "train"},
+    "preview": {"accel", "config", "data", "errors", "forward", "learner", "methods", "models", "rollout", "settings", "setup", "sharding"},
+    # thinkrl serve: the vLLM server command a run with rollout.engine=vllm_server samples from
+    "serve": {"config", "errors", "models", "settings"},
+    "cli": {"config", "errors", "evaluation", "methods", "preview", "probe", "run", "serve", "settings", "study", "train"},
     "__main__": {"cli"},
     "__init__": set(),
 }

@@ -111,6 +111,7 @@ def trained(monkeypatch) -> list:
     import thinkrl.run.intact
     import thinkrl.run.plot
     import thinkrl.run.readers
+    import thinkrl.serve
     import thinkrl.study.command
     import thinkrl.study.grid
     import thinkrl.study.report
@@ -146,6 +147,7 @@ def trained(monkeypatch) -> list:
     )
     monkeypatch.setattr(thinkrl.probe.session, "run_probe", lambda cfg, ps, ckpt=None: ([], {"seconds": 0.0}))
     monkeypatch.setattr(thinkrl.run.intact, "find_checkpoint", lambda arg: (Path(arg), Path(arg) / "checkpoints" / "step-1"))
+    monkeypatch.setattr(thinkrl.serve, "start", lambda command, env: None)  # thinkrl serve: the command built, no vLLM started
     return calls
 
 

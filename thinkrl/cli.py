@@ -14,6 +14,7 @@ from thinkrl.errors import UserError, capped
 from thinkrl.preview.command import check_override_spacing, one_config
 from thinkrl.preview.command import config as config_command
 from thinkrl.probe.command import probe as probe_command
+from thinkrl.serve import serve as serve_command
 from thinkrl.study.command import study as study_command
 
 # choices listed in --help and checked before anything loads
@@ -33,6 +34,7 @@ _debug = False
 app.command("study")(study_command)  # the grid and its report (thinkrl/study/command.py)
 app.command("probe")(probe_command)  # one update of each method over paired replicates (thinkrl/probe/command.py)
 app.command("config")(config_command)  # the config a train command runs with, before it runs (thinkrl/preview/command.py)
+app.command("serve")(serve_command)  # the vLLM server a rollout.engine=vllm_server run samples from (thinkrl/serve.py)
 
 
 @app.callback()
@@ -66,6 +68,12 @@ def train(
     recipe: str | None = typer.Option(None, "--recipe", help=RECIPE_HELP),
     no_recipe: bool = typer.Option(False, "--no-recipe", help="Same as --recipe none."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the sampling path and peak memory by part; load no weights."),
+    processes: int | None = typer.Option(None, "--processes", help="With --dry-run: N trainer processes, one device each (default 1)."),
+    sharding: str | None = typer.Option(
+        None, "--sharding", help="With --dry-run: none (DDP, default) or fsdp2 (weights, grads, AdamW sharded)."
+    ),
+    server_devices: int | None = typer.Option(None, "--server-devices", help="With --dry-run: a vLLM server samples on M other devices."),
+    device: str | None = typer.Option(None, "--device", help="With --dry-run: auto (this machine), cpu or cuda (bf16, GPU memory)."),
 ) -> None:
     """Train a policy with GRPO-family RL. With no arguments: bundled model, built-in arithmetic, grpo.
 
@@ -75,8 +83,12 @@ def train(
     --resume RUN_DIR continues from the newest intact checkpoint with RUN_DIR/config.yaml; -o may change train.steps,
     the optimizer, memory, logging, eval and checkpoint settings. A change to what the run optimises or samples (model,
     LoRA, method, data, prompts, reward, grader, rollout sampling, advantages, correction, seeds: docs/runs.md) is refused
-    unless --allow-changes; every change is printed, recorded in RUN_DIR/changes.jsonl, and config.yaml takes it."""
+    unless --allow-changes; every change is printed, recorded in RUN_DIR/changes.jsonl, and config.yaml takes it.
+
+    --dry-run --processes 8 --sharding fsdp2 [--server-devices 2] [--device cuda] plans a multi-GPU run: memory per
+    trainer device (and per vLLM server device) by part, without a GPU."""
     from thinkrl.methods import load_plugins
+    from thinkrl.preview.layout import from_flags
     from thinkrl.settings import load_config, recipe_flag
     from thinkrl.train import train as run_train
 
@@ -84,6 +96,7 @@ def train(
         load_plugins(plugins)
     check_override_spacing(override, config)
     config = one_config(config, config_option)
+    layout = from_flags(processes, sharding, server_devices, device, dry_run)
     if allow_changes and resume is None:
         raise UserError("--allow-changes applies only with --resume RUN_DIR; drop it for a new run")
     if resume is not None:
@@ -101,7 +114,7 @@ def train(
     if dry_run:
         from thinkrl.preview.dry_run import dry_run as preview_run
 
-        return preview_run(cfg)
+        return preview_run(cfg, layout)
     run_train(cfg, resume=resume is not None, allow_changes=allow_changes)
 
 

@@ -30,6 +30,7 @@ from thinkrl.config import Config, MethodSection
 from thinkrl.config.files import read_yaml
 from thinkrl.config.hints import unknown_key_hint
 from thinkrl.config.learner import CorrectionConfig
+from thinkrl.config.rollout import server_refusal
 from thinkrl.config.typecheck import check_finite, coerce, hints
 from thinkrl.errors import UserError, short
 
@@ -240,6 +241,7 @@ def resolve(cfg: Config, method: MethodSpec) -> Config:
             f"reward.overlong_buffer={written} must be below rollout.max_new_tokens={r.max_new_tokens}",
         ),
     ]
+    checks.append((not (refused := server_refusal(cfg)), refused or ""))  # rollout.engine=vllm_server takes LoRA only
     for ok, msg in checks:
         if not ok:
             raise UserError(msg)

@@ -57,10 +57,16 @@ class RolloutConfig:
     once and is logged as mismatch/agreement_gap (docs/runs.md); 0 = never."""
     batch_size: int = 64
     """Completions decoded together: the engine's slots (lean: refilled as rows finish; vLLM: max_num_seqs)."""
-    engine: Literal["auto", "lean", "transformers", "vllm"] = "auto"
+    engine: Literal["auto", "lean", "transformers", "vllm", "vllm_server"] = "auto"
     """What samples: lean (fused decode loop, continuous batching; the CPU default), transformers (its paged
-    continuous batching), vllm (the thinkrl[vllm] extra); auto picks by device (see docs/engines.md)."""
+    continuous batching), vllm (the thinkrl[vllm] extra), vllm_server (a `thinkrl serve` process at
+    rollout.server_url, LoRA pushed after each update: docs/vllm_server.md); auto picks by device (docs/engines.md)."""
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
+    server_url: str = ""
+    """rollout.engine=vllm_server: the vLLM server's address, e.g. http://127.0.0.1:8000 (started by `thinkrl serve`)."""
+    server_timeout: float = 600.0
+    """rollout.engine=vllm_server: seconds to wait for one answer (a completion, an adapter load; 30 s at most for the
+    health check at start); past it the run stops in one line, and --resume continues from the last checkpoint."""
     dynamic_sampling: bool = False
     """DAPO: drop groups whose rewards are all equal and sample more prompts until the step is full."""
     max_sampling_rounds: int = 3
@@ -81,7 +87,42 @@ class RolloutConfig:
             (self.agreement_every >= 0, f"agreement_every must be >= 0 (0 = never check), got {self.agreement_every}"),
             (self.batch_size >= 1, f"batch_size must be >= 1, got {self.batch_size}"),
             (self.max_sampling_rounds >= 1, f"max_sampling_rounds must be >= 1, got {self.max_sampling_rounds}"),
+            (0 < self.server_timeout <= MAX_TIMEOUT, f"server_timeout must be in (0, {MAX_TIMEOUT}] seconds, got {self.server_timeout}"),
+            (
+                self.engine != "vllm_server" or bool(self.server_url),
+                "engine=vllm_server needs server_url, e.g. -o rollout.server_url=http://127.0.0.1:8000",
+            ),
+            (
+                not self.server_url or _is_url(self.server_url),
+                f"server_url must be http(s)://HOST:PORT, e.g. http://127.0.0.1:8000, got {short(self.server_url)}",
+            ),
         )
+
+
+def _is_url(text: str) -> bool:
+    """http(s)://host[:port] with nothing after but an optional slash: the server's root, where /health and /v1 live."""
+    return re.fullmatch(r"https?://[A-Za-z0-9._\-\[\]:]+(:\d{1,5})?/?", text) is not None
+
+
+def server_refusal(cfg) -> str | None:
+    """Why this run cannot sample with rollout.engine=vllm_server (a one-line fix), or None: the server is pushed LoRA
+    adapters, so full fine-tuning, historical Thinking-Seeds policies and a quantised sampling copy are out."""
+    r = cfg.rollout
+    if r.engine != "vllm_server":
+        return None
+    refusals = [
+        (
+            cfg.model.lora.rank == 0,
+            "model.lora.rank=0 (full fine-tuning): the server is sent LoRA adapters only; set model.lora.rank "
+            "(e.g. 16) or use rollout.engine=vllm, which loads full weights in-process",
+        ),
+        (
+            bool(cfg.seeds.enabled),
+            "seeds.enabled samples prefixes with historical policies, which are not pushed to the server; use rollout.engine=vllm or lean",
+        ),
+        (r.precision == "fp8", "rollout.precision=fp8 is not applied by the server; use same, bf16 or fp16 (thinkrl serve sets --dtype)"),
+    ]
+    return next((f"rollout.engine=vllm_server with {why}" for bad, why in refusals if bad), None)
 
 
 REWARD_KEYS = ("mean", "std", "shaped_mean", "seeded_mean", "unseeded_mean")  # reward/<key> metrics a function name would overwrite

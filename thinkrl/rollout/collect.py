@@ -100,13 +100,16 @@ class RolloutContext:
     record_entropy: bool = False
     seed_pool: Any = None  # Thinking Seeds' thinkrl.rollout.seeds.SeedPool
 
+    def __post_init__(self) -> None:
+        self.engine.bind(self.sampler)  # an engine that loads the policy's adapters itself reads them from the sampler
+
 
 def _sample_and_grade(ctx: RolloutContext, step: int, batch: list[Prompt], generator, stats: dict):
     """One sampling round: G completions per prompt of `batch`, decoded and scored; adds to `stats`. Returns the
     completions, their texts, the verifier's scores (P, G), the extracted answers and reward.functions' values."""
     tok, G = ctx.tok, ctx.plan.group_size
     t0 = time.perf_counter()
-    req = Request([p.ids for p in batch], G, ctx.plan.sampling, ctx.eos, ctx.pad, generator, ctx.record_topk, ctx.record_entropy)
+    req = Request([p.ids for p in batch], G, ctx.plan.sampling, ctx.eos, ctx.pad, generator, ctx.record_topk, ctx.record_entropy, step=step)
     if ctx.seed_pool is not None:
         comp = seeded_generate(ctx.engine, ctx.sampler, ctx.seed_pool, step, req, tok)
     else:

@@ -36,6 +36,7 @@ class Request:
     record_topk: int = 0  # record the sampling distribution's top-K per token (when the sampler stands in for pi_old)
     record_entropy: bool = False  # and its entropy
     budgets: list[int] | None = None  # one per completion (each at most sampling.max_new_tokens); None = all the same
+    step: int | None = None  # a training rollout: its step (0-based, = updates so far); the server engine versions by it
 
     @property
     def rows(self) -> int:

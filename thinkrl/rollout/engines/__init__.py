@@ -10,6 +10,7 @@ softmax), and the top-K / entropy of that distribution when asked for.
                   (other architectures: the reference transformers loop, reference.py); the CPU default
     transformers  hf.py: transformers' own continuous batching with a paged KV cache (generate_batch)
     vllm          vllm.py: vLLM in-process (the optional extra thinkrl[vllm]), weights pushed after each update
+    vllm_server   vllm_server.py: a vLLM server in another process (`thinkrl serve`), LoRA adapters pushed over HTTP
 
 `rollout.engine: auto` (and `thinkrl eval --engine auto`) picks by device and budget: see `pick`. `describe_path`
 says which engine a run samples with, chosen how, and for lean whether the fused decoder or the reference loop
@@ -28,7 +29,7 @@ import torch
 from thinkrl.errors import UserError
 from thinkrl.rollout.completions import Completions, Request
 
-NAMES = ("auto", "lean", "transformers", "vllm")
+NAMES = ("auto", "lean", "transformers", "vllm", "vllm_server")
 
 
 @contextlib.contextmanager
@@ -65,6 +66,10 @@ class Engine:
     def close(self) -> None:
         """Release what the engine holds (vLLM's engine and memory)."""
 
+    def bind(self, sampler) -> None:
+        """The run's PolicySampler (rollout/policy_copy.py), for an engine that loads the policy's LoRA adapters
+        itself (vllm_server) rather than sampling the merged copy it is given; the others ignore it."""
+
 
 class LeanEngine(Engine):
     name = "lean"
@@ -96,6 +101,11 @@ def engine_for_run(cfg, device: torch.device, model=None) -> Engine:
     from thinkrl.models import resolve_path
 
     rc = cfg.rollout
+    if rc.engine == "vllm_server":
+        server = {"url": rc.server_url, "timeout": rc.server_timeout, "run_dir": cfg.output_dir}
+        engine = make_engine(rc.engine, device, rc.batch_size, rc.max_new_tokens, **server)
+        engine.connect()  # type: ignore[attr-defined]  # GET /health: a server that is not there fails here, before the first step
+        return engine
     return make_engine(
         rc.engine,
         device,
@@ -149,6 +159,10 @@ def make_engine(
         from thinkrl.rollout.engines.hf import TransformersEngine
 
         engine = TransformersEngine(slots, **options)
+    elif name == "vllm_server":
+        from thinkrl.rollout.engines.vllm_server import VLLMServerEngine
+
+        engine = VLLMServerEngine(slots, **options)
     else:
         from thinkrl.rollout.engines.vllm import VLLMEngine
 
@@ -190,7 +204,7 @@ class SamplingPath:
     """What samples a run's completions: the engine, how it was chosen, what decodes, and (the reference loop)
     why the lean decoder does not."""
 
-    engine: str  # lean | transformers | vllm
+    engine: str  # lean | transformers | vllm | vllm_server
     chosen: str  # "auto on a CPU", "set by rollout.engine", ...
     decoder: str  # lean: "fused decoder" or "reference loop"; the other engines decode their own way
     why: str = ""  # the reference loop: each condition of the lean decoder the model fails, and what else runs it
@@ -211,7 +225,7 @@ def describe_path(engine: Engine, model) -> SamplingPath:
     back to the reference loop (reference.py) for a model its fused decoder does not cover: said here, with the
     decoder's own reason (LeanDecoder.why_not) and the engine that runs any architecture batched."""
     if engine.name != "lean":
-        return SamplingPath(engine.name, engine.chosen, DECODERS.get(engine.name, engine.name))
+        return SamplingPath(engine.name, engine.chosen, getattr(engine, "decoder", "") or DECODERS.get(engine.name, engine.name))
     from thinkrl.rollout.engines.lean_decoder import LeanDecoder
 
     why = LeanDecoder.why_not(model)
