@@ -2,49 +2,87 @@
 or writing a run directory. The config is resolved as the run resolves it; the prompts are built as the run
 builds them (their lengths size the key/value cache); the model is built on the meta device from its
 config.json, with the LoRA adapters and the sampling copy the run would make, so the engine's decoder path
-and every parameter count come from the same code a run uses. The memory arithmetic is memory.py's.
+and every parameter count come from the same code a run uses. The memory arithmetic is memory.py's for one
+process and layout.py's per device for several (--processes, --sharding, --server-devices, --device).
 """
 
 from __future__ import annotations
 
 import importlib.util
 from collections import Counter
+from dataclasses import replace
 
 import torch
 
+from thinkrl import sharding
 from thinkrl.accel.packed import can_pack
 from thinkrl.config import Config
 from thinkrl.data import model_context
 from thinkrl.errors import UserError
 from thinkrl.models import BUNDLED, add_lora, bundled_path, cache_dir, load_tokenizer, resolve_dtype, resolve_path
+from thinkrl.preview import layout as placing
 from thinkrl.preview import memory
+from thinkrl.preview.layout import Layout
 from thinkrl.rollout.engines import describe_path, make_engine
 from thinkrl.rollout.policy_copy import PolicySampler
 from thinkrl.settings import resolve_with_method
 from thinkrl.setup import prepare_data
 
 
-def dry_run(cfg: Config) -> None:
-    """Print the run's sampling path and its memory estimate by part; load no weights, write nothing."""
+def dry_run(cfg: Config, layout: Layout | None = None) -> None:
+    """Print the run's sampling path and its memory estimate by part; load no weights, write nothing. With a
+    layout of several devices (preview/layout.py), the estimate is per trainer device and per server device."""
+    layout = layout or Layout()
     cfg, method = resolve_with_method(cfg)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # what Accelerate gives a single process
-    rc = cfg.rollout
+    device = plan_device(layout.device)
+    rc, fsdp2 = cfg.rollout, layout.sharding == "fsdp2"
     print(
         f"dry run: model {cfg.model.name}, method {cfg.method.name}, {rc.prompts_per_step} prompts x {rc.group_size}, "
         f"up to {rc.max_new_tokens} new tokens, on {device.type}"
     )
+    placing.check_config(layout, cfg)
+    if fsdp2:
+        sharding.check_supported(cfg)  # what a run under FSDP2 refuses
     config, tok = model_files(cfg.model.name)
     prompts, _ = prepare_data(cfg, tok, model_context(config, tok))  # the run's checks, and its "data:" line
     dtype = resolve_dtype(cfg.model.dtype, device)
-    policy, sampling = meta_models(cfg, config, dtype)
-    engine = make_engine(rc.engine, device, rc.batch_size, rc.max_new_tokens, model=sampling, precision=rc.precision)  # as setup.py
-    path = describe_path(engine, sampling)
-    print(f"sampling: {path.line()}")
+    policy, sampling = meta_models(cfg, config, dtype, copy_always=fsdp2)  # setup.py: under FSDP it samples with a copy
+    if layout.server_devices:
+        print(f"sampling: a vLLM server on {layout.server_devices} devices (tensor parallel), sent the weights after each update")
+        fused = False
+    else:
+        engine = make_engine(rc.engine, device, rc.batch_size, rc.max_new_tokens, model=sampling, precision=rc.precision)  # as setup.py
+        path = describe_path(engine, sampling)
+        print(f"sampling: {path.line()}")
+        fused = path.decoder == "fused decoder"
     shape = model_shape(config, policy, sampling)
-    plan = run_plan(cfg, method, device, dtype, sampling, policy, max(len(p.ids) for p in prompts), path.decoder == "fused decoder")
+    longest = max(len(p.ids) for p in prompts)
     baseline = memory.BASELINE_CPU if device.type == "cpu" else memory.BASELINE_CUDA
-    print(memory.report(memory.parts(shape, plan, baseline), device.type))
+    if layout.single:
+        plan = run_plan(cfg, method, device, dtype, sampling, policy, longest, fused)
+        print(memory.report(memory.parts(shape, plan, baseline), device.type))
+    else:
+        n = layout.processes
+        share = replace(cfg, rollout=replace(rc, prompts_per_step=rc.prompts_per_step // n))  # each rank's prompts
+        plan = run_plan(share, method, device, dtype, sampling, policy, longest, fused)
+        if fsdp2:  # train.py turns the CPU speed-ups off under FSDP: they repack whole weights
+            plan = replace(plan, packs=False, packs_copy=False)
+        print(f"layout: {layout.line()}; {rc.prompts_per_step // n} prompts x {rc.group_size} per process")
+        shards = placing.sharded(policy, n) if fsdp2 else None
+        print(memory.report(placing.trainer_parts(shape, plan, layout, shards, baseline), device.type, f"per trainer device (x{n})"))
+        if layout.server_devices:
+            slots = min(rc.batch_size, rc.prompts_per_step * rc.group_size)  # the server decodes every rank's completions
+            parts = placing.server_parts(shape, plan, layout, slots)
+            print(memory.report(parts, device.type, f"per server device (x{layout.server_devices}; vLLM's workspace not counted)"))
     print("dry run: no weights loaded, no run directory written")
+
+
+def plan_device(asked: str) -> torch.device:
+    """The device the estimate is for: --device cuda plans a GPU run on any machine (bfloat16 weights, GPU
+    memory); auto is what Accelerate gives a single process here."""
+    if asked == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(asked)
 
 
 def model_files(name: str):
@@ -73,16 +111,17 @@ def model_files(name: str):
     return config, tok
 
 
-def meta_models(cfg: Config, config, dtype: torch.dtype):
+def meta_models(cfg: Config, config, dtype: torch.dtype, copy_always: bool = False):
     """The policy (LoRA-wrapped as models.load_policy makes it) and the model its rollouts sample with
-    (policy_copy.PolicySampler), on the meta device: shapes and dtypes without any memory."""
+    (policy_copy.PolicySampler; `copy_always` as setup.py passes it), on the meta device: shapes and dtypes
+    without any memory."""
     from transformers import AutoModelForCausalLM
 
     with torch.device("meta"):
         policy = AutoModelForCausalLM.from_config(config, dtype=dtype)
         if cfg.model.lora.rank > 0:
             policy = add_lora(policy, cfg.model.lora)
-        sampler = PolicySampler(policy, cfg.rollout.precision, cfg.rollout.staleness, copy_always=cfg.seeds.enabled)
+        sampler = PolicySampler(policy, cfg.rollout.precision, cfg.rollout.staleness, copy_always=cfg.seeds.enabled or copy_always)
     return policy, sampler.model
 
 

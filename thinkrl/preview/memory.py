@@ -176,11 +176,12 @@ def peak(all_parts: list[Part]) -> tuple[int, dict[str, int]]:
     return phases["held"] + max(phases["generation"], phases["update"]), phases
 
 
-def report(all_parts: list[Part], device: str) -> str:
-    """The lines --dry-run prints: each part, then the peak and which phase sets it."""
+def report(all_parts: list[Part], device: str, whose: str = "") -> str:
+    """The lines --dry-run prints: each part, then the peak and which phase sets it. `whose`: which device of a
+    layout the parts are one of (preview/layout.py), e.g. "per trainer device"."""
     total, phases = peak(all_parts)
     where = "RAM (peak RSS)" if device == "cpu" else "GPU memory (torch.cuda.max_memory_allocated)"
-    lines = [f"memory estimate, {where}:"]
+    lines = [f"memory estimate{' ' + whose if whose else ''}, {where}:"]
     for x in all_parts:
         lines.append(f"  {x.name:<22} {x.bytes / MiB:>9,.0f} MiB  {x.phase:<10}  {x.how}")
     top = "generation" if phases["generation"] >= phases["update"] else "update"
