@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# The GPU check of the engines on one GPU, in at most about 8 minutes (bench/gpu_check.py says what it measures).
+# The GPU check on one GPU, in at most about 12 minutes: the engines and the 1.5B LoRA step (bench/gpu_check.py),
+# then the layouts beyond one GPU (bench/gpu_layouts.py: the 7B FSDP2 plan, the vLLM server layout when vLLM is
+# installed, FSDP2 for real when there are 2 GPUs or more; each part says "not run" and why otherwise).
 #
 #   bench/gpu.sh --prepare     here, once: math-verify and its pure-Python needs as wheels in .whl/, and the
 #                              SmolLM2 tokenizer files in .gpu/tokenizer/ (both ignored through .git/info/exclude)
 #   bench/gpu.sh               on the GPU machine (the device tool: carry .whl and .gpu); writes $OUT/gpu.md
+#                              and $OUT/layouts.md
 #
 # The device image has torch, transformers, peft, accelerate, typer and rich; vLLM is too large to carry, so
-# the check covers the lean and transformers engines.
+# there the check covers the lean and transformers engines and the server layout says "not run".
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ "${1:-}" = "--prepare" ]; then
@@ -27,3 +30,4 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH="/tmp/site:$PWD" THINKRL_TOKENIZER_DIR="$PWD/.gpu/tokenizer" PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 python3 bench/gpu_check.py --out "${OUT:-/tmp/thinkrl-gpu}"
+python3 bench/gpu_layouts.py --out "${OUT:-/tmp/thinkrl-gpu}"

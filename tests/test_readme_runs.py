@@ -37,7 +37,7 @@ RUN_HERE = {
     "config --method ctpo": "config --method ctpo",
     "config my_run.yaml": "config my_run.yaml",  # the README's own my_run.yaml (a hub model: previewed, never loaded)
     "methods grpo": "methods grpo",
-    "train --dry-run -o rollout.max_new_tokens=1024": "train --dry-run -o rollout.max_new_tokens=1024",
+    "train --dry-run --processes 2 --sharding fsdp2 --device cuda": "train --dry-run --processes 2 --sharding fsdp2 --device cuda",
     "eval --model runs/try": "eval --model runs/try --limit 3 --max-new-tokens 16",
     "plot runs/a runs/b --out fig.png --smooth 5": "plot runs/a runs/b --out fig.png --smooth 5",
     "compare runs/a runs/b": "compare runs/a runs/b",
@@ -54,6 +54,7 @@ NOT_HERE = {
     "train my_run.yaml --output-dir runs/mine": "trains Qwen/Qwen2.5-Math-1.5B, a hub model",
     "train --method dapo --model Qwen/Qwen2.5-Math-1.5B --dataset data/train.jsonl -o rollout.max_new_tokens=3000": "a hub model",
     "train --resume runs/mine -o train.steps=600": "continues the Qwen run above (test_bundled_slow.py resumes a bundled-model run)",
+    "train my_run.yaml": "the Qwen run on several GPUs (tests/test_fsdp.py runs the FSDP config on the CPU, bundled model)",
     "eval --model runs/mine --dataset aime24,aime25 --preset reasoning --n 16": "evaluates the Qwen run above",
     "eval --model Qwen/Qwen2.5-Math-1.5B --dataset aime24 --preset greedy --json": "a hub model",
 }
@@ -113,7 +114,8 @@ def test_the_readme_commands_on_the_bundled_model_run(tmp_path):
     assert "method.name = 'ctpo'" in outputs["config --method ctpo"]
     assert "model.name = 'Qwen/Qwen2.5-Math-1.5B'  (my_run.yaml:" in outputs["config my_run.yaml"]
     assert outputs["methods grpo"].startswith("GRPO")
-    assert "sampling: engine lean (auto on a CPU): fused decoder" in outputs["train --dry-run -o rollout.max_new_tokens=1024"]
+    planned = outputs["train --dry-run --processes 2 --sharding fsdp2 --device cuda"]
+    assert "memory estimate per trainer device (x2), GPU memory" in planned and "FSDP2 unsharded" in planned, planned
     summary = json.loads((tmp_path / "runs" / "try" / "eval" / "step-2" / "arith" / "summary.json").read_text())
     assert summary["problems"] == 3 and summary["settings"]["checkpoint_step"] == 2  # the run's newest checkpoint
     assert (tmp_path / "fig.png").stat().st_size > 0
