@@ -7,7 +7,8 @@ marks true: it watches `thinkrl.accel.switch.enabled()`, in this process and in 
 starts (a sitecustomize.py on their PYTHONPATH does the same there), and a run of the suite fails when an
 unmarked fast test reached it; the report names each test and the fix.
 
-Not counted: `accel.process_start` (allocator settings, no number changes), a test that sets THINKRL_ACCEL in
+Not counted: `accel.process_start` (allocator settings, no number changes), the building of a module- or
+session-wide fixture (shared by its tests, built for whichever runs first), a test that sets THINKRL_ACCEL in
 this process itself (it runs both paths, or the one it names: tests/test_accel_switch.py, the accel_on
 fixture), slow tests (test-plain runs fast tests only) and vLLM tests (test-plain's venv has no vLLM; the
 vLLM suite's bfloat16 run is the plain path already).
@@ -136,6 +137,24 @@ def pytest_runtest_protocol(item, nextitem):
     os.environ.pop(SEEN, None)
     seen.unlink(missing_ok=True)
     _current = None
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_fixture_setup(fixturedef, request):
+    """A module- or session-wide fixture is built for whichever of its tests runs first (an order xdist varies):
+    what it reaches is not that test's, so nothing is counted while it is built."""
+    global _current
+    if fixturedef.scope == "function":
+        yield
+        return
+    held, seen = _current, os.environ.pop(SEEN, None)
+    _current = None
+    try:
+        yield
+    finally:
+        _current = held
+        if seen is not None:
+            os.environ[SEEN] = seen
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -1,7 +1,8 @@
 """tests/plain_marks.py keeps the `plain` mark true: a run of the suite fails, naming the test, when an unmarked
 fast test reaches a CPU speed-up (directly or in a Python subprocess, whatever environment it is given), and
 passes for marked tests, slow tests, tests that set THINKRL_ACCEL themselves, tests that only reach the
-allocator settings and subprocesses that import the speed-ups without running one."""
+allocator settings, subprocesses that import the speed-ups without running one, and the building of a shared
+fixture (not the work of the test that happens to run first)."""
 
 import os
 import subprocess
@@ -50,6 +51,13 @@ def test_allocator_settings_only():
 
 def test_nothing_of_accel():
     assert 1 + 1 == 2
+
+@pytest.fixture(scope="session")
+def shared_run():
+    accel.checkpoint_kwargs(frozenset())  # a session fixture's work: built for whichever test needs it first
+
+def test_uses_a_session_fixture_that_reaches_a_hook(shared_run):
+    assert 1 + 1 == 2
 """
 
 
@@ -65,10 +73,19 @@ def test_an_unmarked_test_that_reaches_the_speed_ups_fails_the_run_by_name(tmp_p
     out = run_suite(tmp_path, SUITE)
     report = out.stdout.split("without the `plain` mark")[-1]
     assert out.returncode == 1, out.stdout[-3000:]
-    assert "9 passed" in out.stdout
+    assert "10 passed" in out.stdout
     assert "test_unmarked_reaches_a_hook: thinkrl.accel (checkpoint_kwargs)" in report
     assert "test_unmarked_starts_python_that_reaches_a_hook: a subprocess reached thinkrl.accel (checkpoint_kwargs)" in report
-    for name in ("marked", "slow_is", "vllm_is", "sets_the_switch", "allocator_settings", "nothing_of", "reaches_nothing"):
+    for name in (
+        "marked",
+        "slow_is",
+        "vllm_is",
+        "sets_the_switch",
+        "allocator_settings",
+        "nothing_of",
+        "reaches_nothing",
+        "uses_a_session",
+    ):
         assert f"test_{name}" not in report, report
 
 
@@ -76,4 +93,4 @@ def test_a_suite_whose_marks_are_true_passes(tmp_path):
     body = SUITE.replace("def test_unmarked_reaches_a_hook", "@pytest.mark.plain\ndef test_unmarked_reaches_a_hook")
     body = body.replace("def test_unmarked_starts_python", "@pytest.mark.plain\ndef test_unmarked_starts_python")
     out = run_suite(tmp_path, body)
-    assert out.returncode == 0 and "9 passed" in out.stdout, out.stdout[-3000:]
+    assert out.returncode == 0 and "10 passed" in out.stdout, out.stdout[-3000:]
