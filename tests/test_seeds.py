@@ -53,6 +53,7 @@ def load(policy, state: dict) -> None:
             p.copy_(state[n])
 
 
+@pytest.mark.plain  # the lean engine decodes
 def test_seeded_prefixes_come_from_the_historical_adapter(tiny_model_dir):
     policy = tiny(tiny_model_dir)
     sampler = PolicySampler(policy, copy_always=True)

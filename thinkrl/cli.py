@@ -1,5 +1,5 @@
-"""Command line: thinkrl train | eval | methods | plot | compare | show | export. Parses, calls, prints; no
-logic lives here."""
+"""Command line: thinkrl train | eval | serve | config | methods | study | probe | plot | compare | show | export.
+Parses, calls, prints; no logic lives here."""
 
 from __future__ import annotations
 
@@ -23,13 +23,8 @@ Template = Literal["auto", "chat", "plain"]
 EngineName = Literal["auto", "lean", "transformers", "vllm"]  # thinkrl/rollout/engines/
 Dtype = Literal["float32", "bfloat16", "float16"]
 
-app = typer.Typer(
-    add_completion=False,
-    rich_markup_mode="rich",
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-    help="thinkrl: compare GRPO-family policy-loss methods on one GPU (or a laptop CPU).",
-)
+HELP = "thinkrl: compare GRPO-family policy-loss methods on one GPU (or a laptop CPU)."
+app = typer.Typer(add_completion=False, rich_markup_mode="rich", no_args_is_help=True, pretty_exceptions_enable=False, help=HELP)
 _debug = False
 app.command("study")(study_command)  # the grid and its report (thinkrl/study/command.py)
 app.command("probe")(probe_command)  # one update of each method over paired replicates (thinkrl/probe/command.py)
@@ -46,6 +41,7 @@ def main(debug: bool = typer.Option(False, "--debug", help="Show full tracebacks
 RECIPE_HELP = "Whose regime: a method's name (e.g. --method grpo --recipe ctpo), or none. Default: the method's own."
 
 
+# over 60 lines: most of it declares the options
 @app.command()
 def train(
     config: Path | None = typer.Argument(None, help="YAML config (only what differs from the defaults)."),
@@ -83,12 +79,10 @@ def train(
     --resume RUN_DIR continues from the newest intact checkpoint with RUN_DIR/config.yaml; -o may change train.steps,
     the optimizer, memory, logging, eval and checkpoint settings. A change to what the run optimises or samples (model,
     LoRA, method, data, prompts, reward, grader, rollout sampling, advantages, correction, seeds: docs/runs.md) is refused
-    unless --allow-changes; every change is printed, recorded in RUN_DIR/changes.jsonl, and config.yaml takes it.
-
-    --dry-run --processes 8 --sharding fsdp2 [--server-devices 2] [--device cuda] plans a multi-GPU run: memory per
-    trainer device (and per vLLM server device) by part, without a GPU."""
+    unless --allow-changes; every change is printed, recorded in RUN_DIR/changes.jsonl, and config.yaml takes it."""
     from thinkrl.methods import load_plugins
     from thinkrl.preview.layout import from_flags
+    from thinkrl.run.resume import resumed_config
     from thinkrl.settings import load_config, recipe_flag
     from thinkrl.train import train as run_train
 
@@ -100,15 +94,7 @@ def train(
     if allow_changes and resume is None:
         raise UserError("--allow-changes applies only with --resume RUN_DIR; drop it for a new run")
     if resume is not None:
-        if config is not None:
-            raise UserError("--resume uses RUN_DIR/config.yaml; drop the CONFIG argument (overrides with -o still apply)")
-        if not (resume / "config.yaml").is_file():
-            raise UserError(f"--resume {resume}: no config.yaml there, so it is not a thinkrl run directory")
-        config = resume / "config.yaml"
-        output_dir = resume
-        trained = load_config(config).method.name
-        if method is not None and method != trained and not allow_changes:
-            raise UserError(f"--resume {resume} continues a {trained} run; drop --method {method} (or start a new run with it)")
+        config, output_dir = resumed_config(resume, config, method, allow_changes), resume
     shorthands = {"method.name": method, "model.name": model, "data.name": dataset, "output_dir": str(output_dir) if output_dir else None}
     cfg = load_config(config, override, recipe=recipe_flag(recipe, no_recipe), **shorthands)
     if dry_run:

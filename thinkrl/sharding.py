@@ -31,8 +31,9 @@ def requested() -> bool:
     return os.environ.get("ACCELERATE_USE_FSDP", "false").lower() in ("true", "1")
 
 
-def accelerator(cpu: bool, **kwargs):
-    """The run's Accelerator; with FSDP requested, FSDP2 on a CPU process group too."""
+def accelerator(cpu: bool, cfg=None, **kwargs):
+    """The run's Accelerator; with FSDP requested, FSDP2 on a CPU process group too, once `cfg` (the run's
+    config) is known to be one FSDP runs."""
     from accelerate import Accelerator
     from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
 
@@ -47,6 +48,8 @@ def accelerator(cpu: bool, **kwargs):
             f"FSDP version {os.environ.get('FSDP_VERSION', '1')} was asked for; thinkrl runs FSDP2 only: set fsdp_version: 2 "
             "in the accelerate config (configs/accelerate/fsdp.yaml has it)"
         )
+    if requested() and cfg is not None:
+        check_supported(cfg)
     if requested():  # thinkrl/accel's CPU speed-ups repack whole weights, which FSDP holds in shards
         os.environ["THINKRL_ACCEL"] = "0"
     acc = Accelerator(cpu=cpu, **kwargs)

@@ -78,9 +78,7 @@ def _train(cfg: Config, resume: bool, held: contextlib.ExitStack, allow_changes:
     # several processes (torchrun / accelerate launch): Accelerate sets up the process group and wraps (or,
     # with FSDP, shards: thinkrl/sharding.py) the model; thinkrl/distributed.py says which prompts are this
     # rank's; only rank 0 writes
-    if sharding.requested():
-        sharding.check_supported(cfg)
-    accelerator = sharding.accelerator(not torch.cuda.is_available(), **trackers.accelerator_kwargs(cfg.log, Path(cfg.output_dir)))
+    accelerator = sharding.accelerator(not torch.cuda.is_available(), cfg, **trackers.accelerator_kwargs(cfg.log, Path(cfg.output_dir)))
     cfg.output_dir = distributed.all_gather(cfg.output_dir)[0]  # a default name is made per process: every rank takes rank 0's
     run_dir = Path(cfg.output_dir)
     rank, world = distributed.world()

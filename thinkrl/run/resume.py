@@ -234,3 +234,17 @@ def check_new_run_dir(run_dir: Path) -> None:
             f"--output-dir {run_dir} is not empty ({held}) and is not a thinkrl run directory; a run writes config.yaml, "
             "metrics.jsonl and checkpoints/ there, so choose a new or empty --output-dir"
         )
+
+
+def resumed_config(resume: Path, config: Path | None, method: str | None, allow_changes: bool) -> Path:
+    """The config.yaml `thinkrl train --resume RUN_DIR` runs with, after the checks its arguments get before
+    anything loads: no second config, a run directory, the run's own method unless --allow-changes."""
+    if config is not None:
+        raise UserError("--resume uses RUN_DIR/config.yaml; drop the CONFIG argument (overrides with -o still apply)")
+    saved = resume / "config.yaml"
+    if not saved.is_file():
+        raise UserError(f"--resume {resume}: no config.yaml there, so it is not a thinkrl run directory")
+    trained = ((yaml.safe_load(saved.read_text()) or {}).get("method") or {}).get("name")
+    if method is not None and method != trained and not allow_changes:
+        raise UserError(f"--resume {resume} continues a {trained} run; drop --method {method} (or start a new run with it)")
+    return saved
