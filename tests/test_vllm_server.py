@@ -4,7 +4,8 @@ own process, once for the module; the trainer runs in this process or in a child
 Three GRPO steps push the LoRA adapters after each update (versions 0, 1, 2) and the sampler-trainer agreement
 check passes on each, after updates too: a stale adapter is off by about 0.2 in mean |log ratio| here, 1e-7 is
 rounding. Killing the server mid-run ends the trainer with one error line, and `--resume` after a restart
-continues from the last checkpoint, pushing its adapter before the first rollout. The server starts twice
+continues from the last checkpoint, pushing its adapter before the first rollout. Two FSDP2 trainer processes
+push one adapter each to the same server. The server starts twice
 (about 30 s each on 2 cores); the trainers run a few seconds.
 """
 
@@ -40,7 +41,7 @@ class Server:
         self.url = f"http://127.0.0.1:{port}"
 
     def start(self, wait: float = 240.0) -> None:
-        command = [sys.executable, "-m", "thinkrl", "serve", "--model", str(self.model), "-o", "model.lora.rank=4"]
+        command = [sys.executable, "-m", "thinkrl", "serve", "--model", str(self.model), "-o", "model.lora.rank=4", "--trainers", "2"]
         command += ["-o", f"rollout.server_url={self.url}", "-o", "rollout.max_new_tokens=8", "-o", "rollout.batch_size=16"]
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -136,6 +137,21 @@ def test_a_killed_server_stops_the_run_in_one_line_and_resume_continues(server, 
     assert metrics[-1]["rollout/policy_version"] == last  # the resumed trainer pushed its own adapter first
     assert metrics[-1]["mismatch/agreement_gap"] < 1e-3 and "sampler and trainer disagree" not in said
     assert server.adapters() == [f"policy-v{last}"]
+
+
+def test_two_fsdp2_trainers_each_push_the_adapter_they_train(server, tmp_path):
+    """Layout 3 with sharded trainers: `accelerate launch --config_file configs/accelerate/fsdp.yaml`, two ranks
+    against one server. Each rank gathers its whole adapter from the shards and pushes it under its own name;
+    the agreement over every rank's completions holds after an update, so each samples what it trains."""
+    from launch import fsdp_cmd, ranks, thinkrl_script
+
+    out = tmp_path / "run"
+    args = tiny_args(server.model, out, 2, *ENGINE, "-o", f"rollout.server_url={server.url}")
+    ranks([*fsdp_cmd(), *thinkrl_script(), *args], env={"PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])})
+    metrics = read_jsonl(out / "metrics.jsonl")
+    assert [m["rollout/policy_version"] for m in metrics] == [0, 1]
+    assert metrics[0]["grad_norm"] > 0 and all(m["mismatch/agreement_gap"] < 1e-3 for m in metrics), metrics
+    assert {"policy-r0-v1", "policy-r1-v1"} <= set(server.adapters())
 
 
 def _lines(path: Path) -> list[str]:
