@@ -221,3 +221,21 @@ def test_micro_batches_cap_padded_tokens_and_keep_groups_together():
     capped = micro_batches(torch.arange(8), lengths, 8, 4, max_tokens=600)
     assert [b.tolist() for b in capped] == [[1, 3], [2, 0], [6], [4, 5, 7]]  # rows x longest <= 600
     assert sorted(sum((b.tolist() for b in capped), [])) == list(range(8))
+
+
+def test_an_engine_that_takes_adapters_gets_them_chosen_and_no_merged_copy(tiny_model_dir):
+    """vllm_server loads the LoRA adapters itself: the sampler makes no merged copy of the model, and refresh()
+    only chooses the adapters, those of rollout.staleness steps ago included."""
+    policy = tiny(tiny_model_dir)
+    sampler = PolicySampler(policy, staleness=1, adapters_only=True)
+    assert sampler.model is policy
+    lora_b = next(p for n, p in policy.named_parameters() if "lora_B" in n)
+    before = sampler.snapshot()
+    sampler.refresh()
+    assert all(torch.equal(sampler.adapters[n], t) for n, t in before.items())
+    with torch.no_grad():
+        lora_b.add_(0.1)  # an update
+    sampler.refresh()  # staleness 1: still the adapters before the update
+    assert all(torch.equal(sampler.adapters[n], t) for n, t in before.items())
+    sampler.refresh(current=True)
+    assert torch.equal(sampler.adapters[next(n for n in before if "lora_B" in n)], lora_b.detach())

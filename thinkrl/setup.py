@@ -174,7 +174,8 @@ def prepare(cfg: Config, method: Method, accelerator, run_dir: Path, ckpt: Path 
     if ckpt is not None:  # the weights before FSDP shards them: every rank reads the whole file
         checkpoint.load_weights(ckpt, policy)
     # the sampler's own copy is made from the whole weights too; under FSDP it samples with a copy always
-    sampler = PolicySampler(policy, rc.precision, rc.staleness, copy_always=cfg.seeds.enabled or sharding.requested())
+    copy = cfg.seeds.enabled or sharding.requested()
+    sampler = PolicySampler(policy, rc.precision, rc.staleness, copy_always=copy, adapters_only=rc.engine == "vllm_server")
     # the training forward goes through `model` (DDP/FSDP see it); sampling and checkpoints use `policy`
     model, optimizer, scheduler = accelerator.prepare(PolicyLogProbs(policy), optimizer, scheduler)
     policy = accelerator.unwrap_model(model).policy

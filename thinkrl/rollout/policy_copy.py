@@ -14,6 +14,9 @@ thinkrl can produce it on one machine:
     rollout.staleness  k      sample with the trainable weights of k steps ago (a FIFO of snapshots, saved in
                               checkpoints so --resume continues it)
 
+An engine that loads the LoRA adapters itself (vllm_server) gets `adapters_only`: no merged copy is made, and
+refresh() only chooses the adapters it samples with (`adapters`).
+
 The copy is rebuilt from the policy before every rollout; the trainer never changes dtype.
 """
 
@@ -47,7 +50,7 @@ def _linear_weights(model) -> set[str]:
 class PolicySampler:
     """`refresh()` returns the model to sample this step's rollout with."""
 
-    def __init__(self, policy, precision: str = "same", staleness: int = 0, copy_always: bool = False) -> None:
+    def __init__(self, policy, precision: str = "same", staleness: int = 0, copy_always: bool = False, adapters_only: bool = False) -> None:
         if precision not in ("same", "bf16", "fp16", "fp8"):
             raise ValueError(f"rollout.precision={precision!r}: choose same, bf16, fp16 or fp8")
         self.policy, self.precision, self.staleness = policy, precision, staleness
@@ -57,8 +60,10 @@ class PolicySampler:
         self._source: dict[str, Tensor] | None = None  # the snapshot the last refresh() built from (None = current)
         self.version = 0  # bumped whenever the sampling weights may have changed
         self._built: dict[str, Tensor] | None = None  # LoRA: the adapter weights the sampling weights hold now
-        if not self.lora and precision == "same" and staleness == 0 and not copy_always:
-            self.model = policy  # full fine-tuning at the trainer's precision: sample with the policy itself
+        # an engine that loads the LoRA adapters itself (vllm_server) needs only them chosen: no merged copy
+        self.adapters_only = adapters_only and self.lora
+        if self.adapters_only or (not self.lora and precision == "same" and staleness == 0 and not copy_always):
+            self.model = policy  # or full fine-tuning at the trainer's precision: sample with the policy itself
             return
         if self.lora:
             from peft.tuners.lora import LoraLayer
@@ -104,7 +109,7 @@ class PolicySampler:
     def refresh(self, current: bool = False):
         """Rebuild the sampling weights from the policy (from the snapshot of `staleness` steps ago unless
         `current`); call once before each rollout, which also records this step's snapshot."""
-        if self.model is self.policy:
+        if self.model is self.policy and not self.adapters_only:
             return self._changed()
         self._source = None
         if self.staleness and not current:
@@ -130,7 +135,7 @@ class PolicySampler:
         """Rebuild the weights the last refresh() chose, without recording a snapshot. With LoRA, nothing is
         rebuilt when the sampling weights already hold those adapters (a refresh just before, say): merging
         costs a full copy of the weights, and an engine with its own copy (vLLM) would load them again."""
-        if self.model is self.policy:
+        if self.model is self.policy and not self.adapters_only:
             return self._changed()
         wanted = self._source
         if self.lora:  # a few MB of adapters, compared with what the sampling weights hold
@@ -138,7 +143,8 @@ class PolicySampler:
             if self._built is not None and all(torch.equal(self._built[n], t) for n, t in wanted.items()):
                 return self.model.eval()
             self._built = wanted
-        self._rebuild(wanted)
+        if not self.adapters_only:
+            self._rebuild(wanted)
         return self._changed()
 
     def _rebuild(self, state: dict[str, Tensor] | None) -> None:
