@@ -8,7 +8,8 @@ starts (a sitecustomize.py on their PYTHONPATH does the same there), and a run o
 unmarked fast test reached it; the report names each test and the fix.
 
 Not counted: `accel.process_start` (allocator settings, no number changes), the building of a module- or
-session-wide fixture (shared by its tests, built for whichever runs first), a test that sets THINKRL_ACCEL in
+session-wide fixture (shared by its tests, built for whichever runs first), a child process that sets
+THINKRL_ACCEL itself (thinkrl/sharding.py turns the speed-ups off under FSDP), a test that sets THINKRL_ACCEL in
 this process itself (it runs both paths, or the one it names: tests/test_accel_switch.py, the accel_on
 fixture), slow tests (test-plain runs fast tests only) and vLLM tests (test-plain's venv has no vLLM; the
 vLLM suite's bfloat16 run is the plain path already).
@@ -41,11 +42,12 @@ class _Watch:
 
             def exec_module(module):
                 run(module)
-                plain, told = module.enabled, []
+                plain, told, start = module.enabled, [], os.environ.get("THINKRL_ACCEL")
 
                 def enabled():
                     caller = sys._getframe(1).f_code.co_name
-                    if not told and caller not in {sorted(NOT_A_PATH)!r}:
+                    chose = os.environ.get("THINKRL_ACCEL") != start  # the process set the switch itself (FSDP does)
+                    if not told and not chose and caller not in {sorted(NOT_A_PATH)!r}:
                         told.append(caller)
                         with open(os.environ["{SEEN}"], "a") as f:
                             f.write(caller + "\\n")

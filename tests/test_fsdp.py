@@ -62,7 +62,6 @@ def test_fsdp2_updates_equal_the_one_process_updates_of_the_same_global_batch(tm
         torch.testing.assert_close(two["delta"][name], delta, rtol=0, atol=1e-5, msg=name)
 
 
-@pytest.mark.plain
 def test_a_nan_on_one_rank_skips_that_update_on_every_rank(tiny_model_dir, tmp_path):
     """Rank 1's forward overflows in update 2: both ranks skip it, so the weights are those after update 1."""
     args = ("--adamw",)

@@ -27,6 +27,10 @@ def test_unmarked_starts_python_that_reaches_a_hook():
     code = "from thinkrl import accel; accel.checkpoint_kwargs(frozenset())"
     subprocess.run([sys.executable, "-c", code], check=True, env={"PATH": "/usr/bin:/bin"})  # its own environment too
 
+def test_switch_turned_off_by_the_python_it_starts():
+    code = "import os; from thinkrl import accel; os.environ['THINKRL_ACCEL'] = '0'; accel.checkpoint_kwargs(frozenset())"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
 def test_starts_python_that_reaches_nothing():
     subprocess.run([sys.executable, "-c", "import thinkrl.accel"], check=True)
 
@@ -73,7 +77,7 @@ def test_an_unmarked_test_that_reaches_the_speed_ups_fails_the_run_by_name(tmp_p
     out = run_suite(tmp_path, SUITE)
     report = out.stdout.split("without the `plain` mark")[-1]
     assert out.returncode == 1, out.stdout[-3000:]
-    assert "10 passed" in out.stdout
+    assert "11 passed" in out.stdout
     assert "test_unmarked_reaches_a_hook: thinkrl.accel (checkpoint_kwargs)" in report
     assert "test_unmarked_starts_python_that_reaches_a_hook: a subprocess reached thinkrl.accel (checkpoint_kwargs)" in report
     for name in (
@@ -93,4 +97,4 @@ def test_a_suite_whose_marks_are_true_passes(tmp_path):
     body = SUITE.replace("def test_unmarked_reaches_a_hook", "@pytest.mark.plain\ndef test_unmarked_reaches_a_hook")
     body = body.replace("def test_unmarked_starts_python", "@pytest.mark.plain\ndef test_unmarked_starts_python")
     out = run_suite(tmp_path, body)
-    assert out.returncode == 0 and "10 passed" in out.stdout, out.stdout[-3000:]
+    assert out.returncode == 0 and "11 passed" in out.stdout, out.stdout[-3000:]
