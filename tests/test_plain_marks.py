@@ -28,7 +28,8 @@ def test_unmarked_starts_python_that_reaches_a_hook():
     subprocess.run([sys.executable, "-c", code], check=True, env={"PATH": "/usr/bin:/bin"})  # its own environment too
 
 def test_switch_turned_off_by_the_python_it_starts():
-    code = "import os; from thinkrl import accel; os.environ['THINKRL_ACCEL'] = '0'; accel.checkpoint_kwargs(frozenset())"
+    flip = "os.environ['THINKRL_ACCEL'] = '1' if os.environ.get('THINKRL_ACCEL') == '0' else '0'"  # from what the run has
+    code = f"import os; from thinkrl import accel; {flip}; accel.checkpoint_kwargs(frozenset())"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 def test_starts_python_that_reaches_nothing():
