@@ -179,7 +179,7 @@ def prepare(cfg: Config, method: Method, accelerator, run_dir: Path, ckpt: Path 
     # the training forward goes through `model` (DDP/FSDP see it); sampling and checkpoints use `policy`
     model, optimizer, scheduler = accelerator.prepare(PolicyLogProbs(policy), optimizer, scheduler)
     policy = accelerator.unwrap_model(model).policy
-    ref_model = _reference(cfg, policy, device) if "ref_logp" in method.requires else None
+    ref_model = _reference(cfg, model, accelerator) if "ref_logp" in method.requires else None
     learner = UpdateContext(model, method, optimizer, scheduler, accelerator, cfg, tok.pad_token_id, ref_model)
     seed_pool = _seed_pool(cfg, run_dir) if cfg.seeds.enabled else None
     start = 0
@@ -247,17 +247,22 @@ def _seed_pool(cfg: Config, run_dir: Path):
     return SeedPool(cfg.seeds, run_dir / "seeds", on_disk)
 
 
-def _reference(cfg: Config, model, device):
-    """Context manager factory yielding the reference policy: the base model (LoRA: adapters disabled)."""
+def _reference(cfg: Config, root, accelerator):
+    """Context manager factory yielding the reference policy's root module (learner/logprobs.py PolicyLogProbs),
+    whose forward its no-grad pass runs in: with LoRA the trainer's own root with the adapters disabled; for a
+    full fine-tune the base model loaded again, sharded like the policy under FSDP2 (a whole copy per device
+    otherwise), frozen."""
     if cfg.model.lora.rank > 0:
-        return lambda: _adapters_off(model)
-    ref, _ = load_base(cfg.model.name, next(model.parameters()).dtype)
-    ref = ref.to(device).eval().requires_grad_(False)
-    return lambda: contextlib.nullcontext(ref)
+        return lambda: _adapters_off(root, accelerator.unwrap_model(root).policy)
+    policy = accelerator.unwrap_model(root).policy
+    ref, _ = load_base(cfg.model.name, next(policy.parameters()).dtype)
+    ref_root = PolicyLogProbs(ref.to(accelerator.device).eval().requires_grad_(False))
+    if sharding.is_sharded(root):
+        ref_root = sharding.shard_frozen(ref_root, root, accelerator)
+    return lambda: contextlib.nullcontext(ref_root)
 
 
 @contextlib.contextmanager
-def _adapters_off(model):
-    base = model.module if hasattr(model, "module") else model
-    with base.disable_adapter():
-        yield base
+def _adapters_off(root, policy):
+    with policy.disable_adapter():
+        yield root

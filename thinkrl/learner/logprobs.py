@@ -4,7 +4,9 @@
 and the log-probs at given top-K ids. Two things keep it cheap: completions of one group share one prompt
 forward (a differentiable KV cache, thinkrl/forward.py), and the output head runs on generated positions
 only, in chunks (thinkrl/learner/head.py), so no (B, T, V) float32 logits exist at once, forward or backward.
-`PolicyLogProbs` wraps it as one module for Accelerate (DDP/FSDP see its forward).
+`PolicyLogProbs` wraps it as one module for Accelerate (DDP/FSDP see its forward), and every other pass over
+the policy (pi_old, the reference) runs inside that forward too (`through_root`): under FSDP2 the root unit
+gathers the embedding and head only when its own forward runs.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from thinkrl import forward
+from thinkrl import forward, sharding
 from thinkrl.learner.head import FusedHead, head_logp, is_plain_head
 
 
@@ -124,7 +126,8 @@ class PolicyLogProbs(torch.nn.Module):
     token_logprobs runs the decoder body and the output head as separate calls (shared prompt cache, head
     on generated positions only). A wrapper such as DDP prepares its gradient all-reduce in its own
     forward, so those calls must happen inside it; wrapping this module does that. `.policy` is the
-    transformers / peft model itself (sampling, checkpoints, export)."""
+    transformers / peft model itself (sampling, checkpoints, export). `run=fn` calls fn(policy) inside the
+    forward instead: a no-grad pass of another shape (learner/old_policy.py) through the same root."""
 
     def __init__(self, policy) -> None:
         super().__init__()
@@ -134,19 +137,18 @@ class PolicyLogProbs(torch.nn.Module):
             getattr(policy, "get_base_model", lambda: policy)(), "_no_split_modules", None
         )
 
-    def forward(
-        self,
-        prompts,
-        completions,
-        mask,
-        pad_id: int,
-        temperature: float,
-        entropy=False,
-        topk_ids=None,
-        checkpoint=False,
-        keep=frozenset(),
-        entropy_grad=False,
-    ) -> LogProbs:
-        return token_logprobs(
-            self.policy, prompts, completions, mask, pad_id, temperature, entropy, topk_ids, checkpoint, keep, entropy_grad
-        )
+    def forward(self, *args, run=None, **kwargs):
+        """token_logprobs(policy, *args, **kwargs); with run=fn, fn(policy)."""
+        return run(self.policy) if run is not None else token_logprobs(self.policy, *args, **kwargs)
+
+
+def through_root(model, fn):
+    """fn(policy) for a no-grad pass over the policy held by `model` (the Accelerate-wrapped PolicyLogProbs, or
+    a bare policy). Under FSDP2 it runs inside the root's forward: the root unit unshards its own parameters
+    (embedding, final norm, head) only in its forward hook, and a pass that calls the inner policy meets them
+    as shards ("got mixed torch.Tensor and DTensor"). Otherwise it calls the policy directly: DDP's forward
+    would broadcast buffers (a collective) on every call and prepares nothing a no-grad pass needs."""
+    inner = getattr(model, "module", model)  # DDP keeps the module as .module; FSDP2 changes the class in place
+    if not isinstance(inner, PolicyLogProbs):
+        return fn(model)
+    return model(run=fn) if sharding.is_sharded(model) else fn(inner.policy)

@@ -22,9 +22,11 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from thinkrl import distributed, sharding
 from thinkrl.config import Config
 from thinkrl.forward import visit_distributions
 from thinkrl.learner.batching import RolloutBatch, micro_batches
+from thinkrl.learner.logprobs import through_root
 from thinkrl.methods import Method
 from thinkrl.ops import js_divergence
 
@@ -91,22 +93,32 @@ def policy_pass(model, rb: RolloutBatch, cfg: Config, pad_id: int, entropy: bool
 
 
 def _each_chunk(model, rb: RolloutBatch, cfg: Config, pad_id: int, fn) -> None:
-    """fn(logp (n, V), (rows, cols) of those n positions in the (B, T) batch, their token ids (n,))."""
+    """fn(logp (n, V), (rows, cols) of those n positions in the (B, T) batch, their token ids (n,)).
+
+    `model` is the trainer's root module (or a bare policy): each micro-batch runs inside its forward
+    (logprobs.through_root). Under FSDP2 every forward is a round of collectives, so a rank with fewer
+    micro-batches than another runs its last one again, its output unused, until the counts agree."""
     comp, tc = rb.comp, cfg.train
-    for rows in micro_batches(
+    chunks = micro_batches(
         torch.arange(comp.tokens.shape[0]), comp.lengths.cpu(), tc.micro_batch_size, rb.group_size, tc.micro_batch_tokens
-    ):
+    )
+    passes = int(distributed.all_max(len(chunks))) if sharding.is_sharded(model) else len(chunks)
+    for i in range(passes):
+        rows = chunks[min(i, len(chunks) - 1)]
         T = int(comp.lengths[rows].max())
         tokens, mask = comp.tokens[rows, :T], comp.mask[rows, :T]
         r, c = mask.nonzero(as_tuple=True)  # row-major, the order visit_distributions uses
         r = rows.to(r.device)[r]
-        prompts = [rb.prompt_ids[i] for i in rows.tolist()]
+        prompts = [rb.prompt_ids[k] for k in rows.tolist()]
 
-        def visit(logp: Tensor, start: int, r=r, c=c) -> None:
+        def visit(logp: Tensor, start: int, r=r, c=c, again=i >= len(chunks)) -> None:
+            if again:  # a repeated pass: it only keeps the collectives in step
+                return
             sl = slice(start, start + logp.shape[0])
             fn(logp, (r[sl], c[sl]), comp.tokens[r[sl], c[sl]])
 
-        visit_distributions(model, prompts, tokens, mask, pad_id, cfg.rollout.temperature, visit)
+        temperature = cfg.rollout.temperature
+        through_root(model, lambda policy: visit_distributions(policy, prompts, tokens, mask, pad_id, temperature, visit))  # noqa: B023
 
 
 def token_js(model, rb: RolloutBatch, method: Method, cfg: Config, pad_id: int) -> Tensor:

@@ -28,7 +28,7 @@ from thinkrl.learner.logprobs import LogProbs, activation_bytes, dropout_off, re
 from thinkrl.learner.old_policy import OldPolicy, old_policy, policy_pass
 from thinkrl.methods import Method
 from thinkrl.ops import masked_mean
-from thinkrl.sharding import full
+from thinkrl.sharding import full, is_sharded
 
 ACTIVATION_BUDGET = 2**30  # bytes of activations one pass may keep before auto checkpointing recomputes them
 
@@ -44,7 +44,13 @@ class UpdateContext:
     accelerator: Any
     cfg: Config
     pad_id: int
-    ref_model: Callable | None = None  # context-manager factory yielding the reference policy (methods needing ref_logp)
+    ref_model: Callable | None = None  # context-manager factory yielding the reference's root module (methods needing ref_logp)
+    sharded: bool = field(init=False, default=False)
+
+    def __post_init__(self) -> None:
+        # FSDP2 reduce-scatters each micro-batch's gradient instead of skipping the sync: no_sync would keep whole
+        # unsharded gradients until the last micro-batch (a whole model's worth per device)
+        self.sharded = is_sharded(self.model)
 
     @property
     def policy(self):
@@ -74,7 +80,8 @@ def update(ctx: UpdateContext, rb: RolloutBatch, generator: torch.Generator) -> 
     tc, method = ctx.cfg.train, ctx.method
     ctx.model.train()  # before the pi_old pass too: one mode for every pass (module docstring)
     with dropout_off(ctx.model), accel.update_pass(ctx.policy):
-        old = old_policy(ctx.policy, rb, method, ctx.cfg, ctx.pad_id)  # nothing unless the update needs pi_old first
+        # both no-grad passes run inside the root module's forward (logprobs.through_root), as FSDP2 needs
+        old = old_policy(ctx.model, rb, method, ctx.cfg, ctx.pad_id)  # nothing unless the update needs pi_old first
         ref_logp = None
         if "ref_logp" in method.requires and ctx.ref_model is not None:
             with ctx.ref_model() as ref:
@@ -101,8 +108,9 @@ def _mini_batch(ctx: UpdateContext, st: _Step, mini: Tensor, order: Tensor) -> N
     sums: dict[str, Tensor] = {}  # this mini-batch's; kept only if it is applied
     tokens = 0
     for i, rows in enumerate(micros):
-        n = int(st.mask[rows].sum())
-        sync = contextlib.nullcontext() if world == 1 or i == len(micros) - 1 else accelerator.no_sync(ctx.model)
+        n = int(st.mask[rows].sum()) if len(mini) else 0  # an empty share runs another row at weight 0 (update_passes)
+        synced = world == 1 or i == len(micros) - 1 or ctx.sharded  # FSDP2: every micro-batch (UpdateContext)
+        sync = contextlib.nullcontext() if synced else accelerator.no_sync(ctx.model)
         with sync:
             if n == 0:  # several processes only: keep this rank's backward count in step with the others'
                 accelerator.backward(_forward(ctx, st.rb, rows, None)[0].logp.sum() * 0.0)

@@ -1,0 +1,107 @@
+"""Two updates of every shipped config over one fixed global batch: in one process, or in each rank of a launch.
+
+    python tests/dist_matrix.py MODEL_DIR OUT.pt CASE [CASE ...]
+    accelerate launch --config_file configs/accelerate/fsdp.yaml tests/dist_matrix.py MODEL_DIR OUT.pt CASE ...
+
+A CASE is `NAME` (configs/NAME.yaml as shipped, LoRA rank 16) or `NAME:full` (a full fine-tune), with `+KEY=VALUE`
+overrides after it (`grpo+method.beta=0.04`). Each case builds its model, optimizer and reference as
+thinkrl/setup.py does, takes its rank's share of tests/dist_update.py's global batch (4 prompts x 3 completions of
+uneven length) and runs update() twice: the pi_old pass (mini_batches > 1, begin_step, old_entropy, top-K, JS), the
+reference pass (beta > 0) and every loss go through the same Accelerate-wrapped module a run trains. Rank 0 writes
+{case: [metrics of update 1, of update 2]} to OUT.pt. One launch serves every case: a launch costs seconds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from pathlib import Path
+
+import torch
+from dist_update import G, P, global_batch
+
+from thinkrl import distributed, setup, sharding
+from thinkrl.learner.advantages import compute_advantages
+from thinkrl.learner.batching import RolloutBatch
+from thinkrl.learner.logprobs import PolicyLogProbs
+from thinkrl.learner.old_policy import policy_pass
+from thinkrl.learner.update import UpdateContext, update
+from thinkrl.models import load_policy
+from thinkrl.settings import load_config, resolve_with_method
+
+CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+SHIPPED = sorted(p.stem for p in CONFIGS.glob("*.yaml"))
+
+
+def case_config(case: str, model_dir: str):
+    """The config and method of one case: the shipped file, the tiny model, fp32, the case's LoRA rank and overrides."""
+    name, *extra = case.split("+")
+    name, _, kind = name.partition(":")
+    overrides = [f"model.lora.rank={0 if kind == 'full' else 16}", "model.dtype=float32", "train.gradient_checkpointing=false", *extra]
+    return resolve_with_method(load_config(CONFIGS / f"{name}.yaml", overrides, **{"model.name": model_dir, "output_dir": "unused"}))
+
+
+def run_case(case: str, model_dir: str, accelerator) -> list[dict]:
+    cfg, method = case_config(case, model_dir)  # the method as a run resolves it (norm_length from the budget)
+    rank, world = distributed.world()
+    torch.manual_seed(0)
+    policy, tok = load_policy(cfg.model, accelerator.device)
+    with torch.no_grad():  # LoRA's B starts at zero; give it values so the adapters, and so the reference, differ
+        for name, p in policy.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(len(name))) * 0.1)
+    prompts, comp, rewards = global_batch(tok.pad_token_id)
+    if cfg.train.old_policy == "sampler":  # what a sampler records: the starting policy's top-K and entropy
+        comp = recorded(policy, prompts, comp, cfg, method, tok.pad_token_id)
+    tc = cfg.train
+    params = [p for p in policy.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=tc.lr, betas=tuple(tc.adam_betas), weight_decay=tc.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+    model, optimizer, scheduler = accelerator.prepare(PolicyLogProbs(policy), optimizer, scheduler)
+    ref = setup._reference(cfg, model, accelerator) if "ref_logp" in method.requires else None
+    estimator = method.advantage if cfg.advantage.estimator == "auto" else cfg.advantage.estimator
+    adv, _ = compute_advantages(rewards, G, estimator, cfg.advantage.eps)
+    groups = distributed.shard(list(range(P)), rank, world)
+    rows = torch.tensor([g * G + j for g in groups for j in range(G)])
+    device = accelerator.device
+    rb = RolloutBatch([prompts[r // G] for r in rows.tolist()], on(comp.select(rows), device), adv[rows].to(device), G)
+    ctx = UpdateContext(model, method, optimizer, scheduler, accelerator, cfg, tok.pad_token_id, ref)
+    out = []
+    for step in range(2):
+        torch.manual_seed(1 + step)  # the step's seed, the same on every rank (mini-batch shuffles)
+        out.append(update(ctx, rb, torch.Generator().manual_seed(2 + step)))
+    accelerator.free_memory()
+    return out
+
+
+def recorded(policy, prompts, comp, cfg, method, pad: int):
+    """comp with the top-K and entropy a sampler would have recorded, here from the starting weights (whole batch,
+    before sharding: the same on every rank)."""
+    rb = RolloutBatch([prompts[r // G] for r in range(P * G)], comp, torch.zeros(P * G), G)
+    old = policy_pass(policy, rb, cfg, pad, entropy=True, K=method.topk_width)
+    return dataclasses.replace(comp, topk_ids=old.topk_ids, topk_logp=old.topk_logp, entropy=old.entropy)
+
+
+def on(comp, device):
+    """The completions on `device`, where an engine leaves them."""
+    return dataclasses.replace(
+        comp, **{f.name: getattr(comp, f.name).to(device) for f in dataclasses.fields(comp) if getattr(comp, f.name) is not None}
+    )
+
+
+def main() -> None:
+    model_dir, out, *cases = sys.argv[1:]
+    accelerator = sharding.accelerator(cpu=True)
+    results = {case: run_case(case, model_dir, accelerator) for case in cases}
+    if distributed.is_main():
+        torch.save({"results": results, "world": distributed.world()[1], "type": str(accelerator.distributed_type)}, out)
+    accelerator.wait_for_everyone()
+    distributed.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # as tests/dist_update.py: skip gloo's teardown, which now and then aborts under load
+
+
+if __name__ == "__main__":
+    main()
