@@ -38,7 +38,7 @@ def learner(model_dir, method: str, *overrides: str, reference: bool = False, pr
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
     accelerator = Accelerator(cpu=True)
     model, optimizer, scheduler = accelerator.prepare(PolicyLogProbs(policy), optimizer, scheduler)
-    ref = _reference(cfg, accelerator.unwrap_model(model).policy, accelerator.device) if reference else None
+    ref = _reference(cfg, model, accelerator) if reference else None
     ctx = UpdateContext(model, method, optimizer, scheduler, accelerator, cfg, tok.pad_token_id, ref)
     prompts, comp, rewards = global_batch(tok.pad_token_id)
     comp.prefix_len = prefix_len
@@ -51,9 +51,9 @@ def spy(ctx: UpdateContext, monkeypatch) -> list[dict]:
     calls: list[dict] = []
     micro_loss, loss = update_module._micro_loss, ctx.method.loss
 
-    def recording_micro_loss(ctx_, st, rows, *args):
+    def recording_micro_loss(ctx_, st, rows, *args, **kwargs):
         calls.append({"rows": rows.clone()})
-        return micro_loss(ctx_, st, rows, *args)
+        return micro_loss(ctx_, st, rows, *args, **kwargs)
 
     def recording_loss(batch):
         for name in ("logp", "old_logp", "ref_logp", "is_weights", "mask", "prefix_mask"):

@@ -7,13 +7,14 @@ Shape letters used across thinkrl: B = sequences (prompts x G), G = group size, 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 # entropy is not here: a method with Method.entropy_grad gets it with its gradient (thinkrl/learner/update.py)
-_NO_GRAD = ("old_logp", "behav_logp", "advantages", "old_entropy", "ref_logp", "token_js", "topk_old_logp", "is_weights")
+_NO_GRAD = ("old_logp", "behav_logp", "advantages", "old_entropy", "ref_logp", "token_js", "topk_old_logp", "is_weights", "uniform")
 _PER_TOKEN = (
     "logp",
     "old_logp",
@@ -26,6 +27,7 @@ _PER_TOKEN = (
     "token_js",
     "is_weights",
     "token_ids",
+    "uniform",
 )
 _TOPK = ("topk_ids", "topk_old_logp", "topk_logp")
 
@@ -50,6 +52,11 @@ class TokenBatch:
     num_tokens: int | None = None  # global count of mask == 1 tokens in the whole update batch
     num_seqs: int | None = None  # global count of sequences in the update batch
     generator: torch.Generator | None = None  # for methods that draw random numbers
+    uniform: Tensor | None = None  # (B, T) one U(0, 1) draw per token, the same whatever the batching (requires "uniform")
+    # gather(x (n,)) -> (every process's x in rank order (N,), where this one's starts): set by the trainer for a
+    # method with batch_statistics when several processes hold parts of one mini-batch; a collective, so every
+    # process calls it the same number of times. None: this call holds the whole batch.
+    gather: Callable[[Tensor], tuple[Tensor, int]] | None = None
 
     def __post_init__(self) -> None:
         if self.logp.dim() != 2:

@@ -63,6 +63,34 @@ def all_gather(obj) -> list:
     return out
 
 
+def all_sum_tensor(t: torch.Tensor) -> torch.Tensor:
+    """t summed element-wise over ranks, in place (a collective on t's device); one process: t."""
+    if world()[1] > 1:
+        dist.all_reduce(t)
+    return t
+
+
+def gather_rows(t: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """Every rank's t (b_r, ...) in rank order along dim 0, each padded with zeros along dim 1 to the longest
+    (ranks hold consecutive blocks of the global batch, so this is the batch one process would hold), and where
+    this rank's rows start. A collective on t's own device, which is the accelerator's (NCCL takes no CPU
+    tensor). One process: (t, 0)."""
+    rank, size = world()
+    if size == 1:
+        return t, 0
+    shapes = all_gather(tuple(t.shape))
+    whole = [max(s[0] for s in shapes), *t.shape[1:]]
+    if t.dim() > 1:  # completions of another length: pad to the longest
+        whole[1] = max(s[1] for s in shapes)
+    padded = t.new_zeros(whole)
+    padded[tuple(slice(0, n) for n in t.shape)] = t
+    wire = padded.to(torch.uint8) if padded.dtype == torch.bool else padded  # gloo has no bool all_gather
+    parts = [torch.empty_like(wire) for _ in shapes]
+    dist.all_gather(parts, wire)
+    rows = torch.cat([p[: s[0]] for p, s in zip(parts, shapes)]).to(t.dtype)
+    return rows, sum(s[0] for s in shapes[:rank])
+
+
 def sum_dicts(sums: dict[str, float]) -> dict[str, float]:
     """Key-wise sum over ranks; a key missing on some rank counts 0 there."""
     if world()[1] == 1:

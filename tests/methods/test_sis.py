@@ -214,7 +214,7 @@ def test_sis_config_follows_the_host_unless_overridden():
     gspo = get_method("sis", host="gspo", clip_high=1e-3).cfg
     assert (gspo.clip_low, gspo.clip_high, gspo.aggregation) == (3e-4, 1e-3, "seq-mean-token-mean")
     m = get_method("sis", k=50)
-    assert m.topk_width == 50 and m.requires == {"topk_ids", "topk_old_logp", "topk_logp", "token_ids"}
+    assert m.topk_width == 50 and m.requires == {"topk_ids", "topk_old_logp", "topk_logp", "token_ids", "uniform"}
     assert m.reinforce_on_policy
 
 

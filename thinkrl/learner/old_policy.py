@@ -137,6 +137,11 @@ def token_js(model, rb: RolloutBatch, method: Method, cfg: Config, pad_id: int) 
 
     _each_chunk(model, rb, cfg, pad_id, accumulate)
     counts = comp.mask.sum(-1, keepdim=True).float() if per_response else comp.mask.sum().reshape(1, 1).float()
+    if not per_response:  # the batch's mean distribution is over every rank's positions, as in one process
+        V = int(distributed.all_max(sums["s"].shape[-1] if "s" in sums else 0))
+        if "s" not in sums:  # no valid position on this rank: it still adds its (zero) part
+            sums["s"] = torch.zeros((1, V), device=comp.tokens.device)
+        sums["s"], counts = distributed.all_sum_tensor(sums["s"]), distributed.all_sum_tensor(counts)
     mean = sums["s"] / counts.clamp(min=1)  # (B or 1, V)
     js = torch.zeros((B, T), device=comp.tokens.device)
 

@@ -73,6 +73,7 @@ class _Step:
     updates: int = 0
     skipped: int = 0
     agree: dict[str, Tensor] = field(default_factory=dict)  # |log rho| sum and count over tokens scored with the sampler's weights
+    uniform: Tensor | None = None  # (B, T) this epoch's per-token draws (methods that require "uniform")
 
 
 def update(ctx: UpdateContext, rb: RolloutBatch, generator: torch.Generator) -> dict[str, float]:
@@ -90,6 +91,7 @@ def update(ctx: UpdateContext, rb: RolloutBatch, generator: torch.Generator) -> 
         st = _Step(rb, old, ref_logp, generator, rb.comp.lengths.cpu(), rb.comp.mask.cpu(), {})
         B = rb.comp.tokens.shape[0]
         for epoch in range(tc.epochs):
+            st.uniform = _uniform(rb, epoch) if "uniform" in method.requires else None
             for mini in mini_batch_rows(B, tc.mini_batches, epoch):  # exactly mini_batches pieces, on every rank
                 _mini_batch(ctx, st, mini, torch.arange(B))
     return _metrics(ctx, st, step_metrics)
@@ -107,16 +109,21 @@ def _mini_batch(ctx: UpdateContext, st: _Step, mini: Tensor, order: Tensor) -> N
     loss_sum: Tensor | float = 0.0
     sums: dict[str, Tensor] = {}  # this mini-batch's; kept only if it is applied
     tokens = 0
+    pooled = world > 1 and method.batch_statistics  # its loss gathers statistics from every rank (TokenBatch.gather)
     for i, rows in enumerate(micros):
-        n = int(st.mask[rows].sum()) if len(mini) else 0  # an empty share runs another row at weight 0 (update_passes)
+        stand_in = not len(mini)  # an empty share runs another row at weight 0 (update_passes)
+        n = 0 if stand_in else int(st.mask[rows].sum())
         synced = world == 1 or i == len(micros) - 1 or ctx.sharded  # FSDP2: every micro-batch (UpdateContext)
         sync = contextlib.nullcontext() if synced else accelerator.no_sync(ctx.model)
         with sync:
-            if n == 0:  # several processes only: keep this rank's backward count in step with the others'
+            if n == 0 and not pooled:  # several processes only: keep this rank's backward count in step with the others'
                 accelerator.backward(_forward(ctx, st.rb, rows, None)[0].logp.sum() * 0.0)
                 continue
-            loss, metrics, ent, mask = _micro_loss(ctx, st, rows, num_tokens, num_seqs)
+            # a pooling loss runs on every rank, over no token here, so its gathers stay in step
+            loss, metrics, ent, mask = _micro_loss(ctx, st, rows, num_tokens, num_seqs, pooled, masked=n == 0)
             accelerator.backward(loss * world)  # DDP averages over ranks; the loss is already over global counts
+        if n == 0:
+            continue
         loss_sum = loss_sum + loss.detach()
         tokens += n
         _add(sums, "entropy", torch.where(mask, ent, 0.0).sum())
@@ -180,14 +187,15 @@ def _checkpointing(ctx: UpdateContext, tokens: int) -> tuple[bool, frozenset]:
     return True, accel.kept_linears(policy, tokens, size, room)
 
 
-def _micro_loss(ctx: UpdateContext, st: _Step, rows: Tensor, num_tokens: int, num_seqs: int):
-    """Forward one micro-batch and apply the method: (loss, metrics, entropy (b, T), mask (b, T))."""
+def _micro_loss(ctx: UpdateContext, st: _Step, rows: Tensor, num_tokens: int, num_seqs: int, pooled: bool = False, masked: bool = False):
+    """Forward one micro-batch and apply the method: (loss, metrics, entropy (b, T), mask (b, T)). `pooled`: the
+    loss gathers batch statistics from every rank; `masked`: no token of these rows is trained (a stand-in)."""
     rb, old, cfg, needs = st.rb, st.old, ctx.cfg, ctx.method.requires
     coef = cfg.train.entropy_coef
     out, T = _forward(ctx, rb, rows, old.topk_ids if "topk_logp" in needs else None, ctx.method.entropy_grad or coef > 0)
     logp, ent = out.logp, out.entropy
     assert ent is not None  # the training forward always computes it (metrics)
-    mask = rb.comp.mask[rows, :T]
+    mask = rb.comp.mask[rows, :T] & (not masked)
     old_logp = old.logp[rows, :T] if old.logp is not None else logp.detach()
     behav = rb.comp.behav_logp[rows, :T]
     topk = bool(needs & {"topk_ids", "topk_old_logp", "topk_logp"})
@@ -215,6 +223,8 @@ def _micro_loss(ctx: UpdateContext, st: _Step, rows: Tensor, num_tokens: int, nu
         num_tokens=num_tokens,
         num_seqs=num_seqs,
         generator=st.generator,
+        uniform=cut(st.uniform),
+        gather=distributed.gather_rows if pooled else None,
         is_weights=correction.weights(old_logp, behav, mask, cfg.correction, exempt),
     )
     loss, metrics = method_calls.loss(ctx.method, batch)  # its return value checked: a plugin's mistake is one line
@@ -254,19 +264,37 @@ def _metrics(ctx: UpdateContext, st: _Step, step_metrics: dict[str, Tensor]) -> 
 
 
 def _view(rb: RolloutBatch, old: OldPolicy) -> TokenBatch:
-    """The whole rollout batch as a detached TokenBatch, for Method.begin_step."""
+    """The whole rollout batch as a detached TokenBatch, for Method.begin_step: with several processes, every
+    rank's rows (distributed.gather_rows), so a method's step statistics and controller state are those of the
+    global batch, the same on every rank and at any process count."""
     comp = rb.comp
     assert old.logp is not None
+
+    def whole(x: Tensor | None) -> Tensor | None:
+        return distributed.gather_rows(x)[0] if x is not None else None
+
     return TokenBatch(
-        logp=old.logp,
-        old_logp=old.logp,
-        behav_logp=comp.behav_logp,
-        advantages=rb.advantages,
-        mask=comp.mask,
-        token_ids=comp.tokens,
-        old_entropy=old.entropy,
-        prefix_mask=comp.prefix_mask,
+        logp=whole(old.logp),
+        old_logp=whole(old.logp),
+        behav_logp=whole(comp.behav_logp),
+        advantages=whole(rb.advantages),
+        mask=whole(comp.mask),
+        token_ids=whole(comp.tokens),
+        old_entropy=whole(old.entropy),
+        prefix_mask=whole(comp.prefix_mask),
     )
+
+
+def _uniform(rb: RolloutBatch, epoch: int) -> Tensor:
+    """(B, T) one U(0, 1) per token of this rank's rows for the epoch: drawn for the whole global batch from a
+    generator every rank seeds alike (the step's seed and the epoch, as mini_batch_rows), so a token's draw
+    depends on neither the micro-batch cut nor the process count."""
+    B, T = rb.comp.tokens.shape
+    sizes = distributed.all_gather((B, T))
+    g = torch.Generator().manual_seed((torch.initial_seed() * 1_000_003 + 7 * epoch + 1) % 2**63)
+    draws = torch.rand((sum(b for b, _ in sizes), max(t for _, t in sizes)), generator=g)  # (B_global, T_max)
+    start = sum(b for b, _ in sizes[: distributed.world()[0]])
+    return draws[start : start + B, :T].to(rb.comp.tokens.device)
 
 
 def _add(sums: dict[str, Tensor], key: str, value: Tensor) -> None:

@@ -229,6 +229,19 @@ def aggregate(
     raise ValueError(f"unknown aggregation {mode!r}")
 
 
+def whole_batch(x: Tensor, batch: TokenBatch) -> tuple[Tensor, int]:
+    """x (n,), values of this call's tokens in row-major order, extended to the whole batch the statistic is
+    over: with several processes holding parts of one mini-batch (batch.gather), every process's values in rank
+    order, which is their order in one process's batch, and where this call's start. (N,), offset."""
+    return batch.gather(x) if batch.gather is not None else (x, 0)
+
+
+def batch_quantile(values: Tensor, batch: TokenBatch, q: float) -> Tensor:
+    """The q-quantile of a per-token statistic over the valid tokens of the whole batch (whole_batch)."""
+    pooled, _ = whole_batch(values.detach()[batch.mask], batch)  # (N,)
+    return masked_quantile(pooled, torch.ones_like(pooled, dtype=torch.bool), q)
+
+
 def reduce(per_token: Tensor, batch: TokenBatch, cfg: Reduction, unweighted: Tensor | None = None) -> Tensor:
     """The last line of a method's loss: apply the rollout-correction weights, then aggregate.
 

@@ -74,7 +74,9 @@ class Method(Generic[C]):
 
     batch_statistics: ClassVar[bool] = False
     """True for methods whose loss uses statistics of the whole batch it is called with (quantiles, top-k
-    selections): the trainer then passes each mini-batch in one call instead of micro-batches."""
+    selections): the trainer then passes each mini-batch in one call instead of micro-batches. With several
+    processes each holds part of the mini-batch, and the loss pools its statistic through `batch.gather`
+    (methods/_common.py whole_batch), called the same number of times on every process."""
 
     @property
     def topk_width(self) -> int:
@@ -88,9 +90,10 @@ class Method(Generic[C]):
 
     def begin_step(self, view: TokenBatch) -> dict[str, Tensor]:
         """Called once per training step, before the first update, with a detached TokenBatch `view` of the
-        whole rollout batch: logp == old_logp, behav_logp, advantages, mask, and old_entropy when `requires`
-        lists it. Controllers set their per-step state here (STARE's entropy gate, AIS's mixing
-        coefficient); keep it in `state_dict` so `--resume` continues it. Returns metrics to log.
+        whole rollout batch (every process's rows, so the state is the same on each and at any process count):
+        logp == old_logp, behav_logp, advantages, mask, and old_entropy when `requires` lists it. Controllers
+        set their per-step state here (STARE's entropy gate, AIS's mixing coefficient); keep it in `state_dict`
+        so `--resume` continues it. Returns metrics to log.
         The trainer runs a no-grad pass for old_logp before this when a method overrides it."""
         return {}
 

@@ -19,9 +19,10 @@ Relative to grpo: clip-higher (0.28), token-mean, and the entropy mask. Confiden
 The quantile is a statistic of the batch: it is taken over the tensor batch this loss is called with. Were a
 mini-batch split into micro-batches, each would get its own threshold and the micro-batch losses would not
 add up to the full-batch loss (the contract's micro-batch check fails on its test batch), so the class sets
-`batch_statistics` and the trainer passes each whole mini-batch in one call (thinkrl/learner/update.py). TRL takes
-the quantile over every valid token of the step gathered across ranks; here it is per mini-batch
-(train.mini_batches > 1 gives one threshold per mini-batch) and, under data parallelism, per rank.
+`batch_statistics` and the trainer passes each whole mini-batch in one call (thinkrl/learner/update.py); with
+several processes the quantile pools every rank's part of it (TokenBatch.gather), as TRL gathers across ranks.
+TRL takes it over every valid token of the step; here it is per mini-batch (train.mini_batches > 1 gives one
+threshold per mini-batch).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from torch import Tensor
 
 from thinkrl.batch import TokenBatch
 from thinkrl.methods import Method, register
-from thinkrl.methods._common import Aggregation, ClipConfig, clipped_loss, log_ratio, masked_mean, masked_quantile, reduce
+from thinkrl.methods._common import Aggregation, ClipConfig, batch_quantile, clipped_loss, log_ratio, masked_mean, reduce
 
 
 @dataclass
@@ -69,7 +70,7 @@ class EntropyFork(Method[Config]):
         c, mask = self.cfg, batch.mask
         if batch.entropy is None:
             raise ValueError("entropy_fork needs batch.entropy (listed in method.requires)")
-        tau = masked_quantile(batch.entropy, mask, 1.0 - c.rho)  # () over this call's valid tokens
+        tau = batch_quantile(batch.entropy, batch, 1.0 - c.rho)  # () over the mini-batch's valid tokens, on every rank
         keep = mask & (batch.entropy >= tau)  # (B, T) ties at tau are kept, as in TRL
         ratio = log_ratio(batch.logp, batch.old_logp).exp()  # (B, T)
         per_token, _, metrics = clipped_loss(ratio, batch, c, trained=keep)  # (B, T)

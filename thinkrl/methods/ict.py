@@ -60,24 +60,32 @@ def _top_units(scores: Tensor, frac: float) -> Tensor:
 
 
 @torch.no_grad()
-def select_tokens(token_js: Tensor, mask: Tensor, frac: float, unit: str, token_ids: Tensor | None = None) -> tuple[Tensor, int, int]:
-    """ICT's selection: the (B, T) positions trained on, the number of units and how many were kept."""
+def select_tokens(
+    token_js: Tensor, mask: Tensor, frac: float, unit: str, token_ids: Tensor | None = None, gather=None
+) -> tuple[Tensor, int, int]:
+    """ICT's selection: the (B, T) positions trained on, the number of units and how many were kept. The units
+    are ranked over the whole batch: `gather` (TokenBatch.gather) pools the valid positions of every process."""
+    pool = gather or (lambda x: (x, 0))
+    n = int(mask.sum())
     if unit == "position":
-        keep_valid = _top_units(token_js[mask], frac)  # (N,)
+        scores, start = pool(token_js[mask])  # (N,)
+        keep_all = _top_units(scores, frac)  # (N,)
+        units, kept = scores.numel(), int(keep_all.sum())
     elif unit == "token_id":
         if token_ids is None:
             raise ValueError("ict with unit=token_id needs batch.token_ids (listed in method.requires)")
+        (ids, start), (js, _) = pool(token_ids[mask]), pool(token_js[mask])  # (N,), (N,)
         # on the CPU in float64: a few thousand numbers, and CPU index_add_ sums in index order, so the scores
         # (and the tie rule) are bitwise reproducible; CUDA's index_add_ accumulates with atomics
-        ids, js = token_ids[mask].cpu(), token_js[mask].cpu().double()  # (N,)
-        uniq, inv, counts = torch.unique(ids, return_inverse=True, return_counts=True)  # (U,), (N,), (U,)
-        score = torch.zeros(len(uniq), dtype=torch.float64).index_add_(0, inv, js) / counts  # (U,) mean JS per id
+        uniq, inv, counts = torch.unique(ids.cpu(), return_inverse=True, return_counts=True)  # (U,), (N,), (U,)
+        score = torch.zeros(len(uniq), dtype=torch.float64).index_add_(0, inv, js.cpu().double()) / counts  # (U,) mean JS per id
         kept_ids = _top_units(score, frac)  # (U,)
-        keep_valid = kept_ids[inv].to(mask.device)  # (N,) every occurrence of a kept id
-        return torch.zeros_like(mask).masked_scatter(mask, keep_valid), len(uniq), int(kept_ids.sum())
+        keep_all = kept_ids[inv].to(mask.device)  # (N,) every occurrence of a kept id
+        units, kept = len(uniq), int(kept_ids.sum())
     else:
         raise ValueError(f"unit must be token_id or position, got {unit!r}")
-    return torch.zeros_like(mask).masked_scatter(mask, keep_valid), keep_valid.numel(), int(keep_valid.sum())
+    keep_valid = keep_all[start : start + n]  # (n,) this call's positions
+    return torch.zeros_like(mask).masked_scatter(mask, keep_valid), units, kept
 
 
 @dataclass
@@ -121,7 +129,7 @@ class ICT(Method[Config]):
         c, mask = self.cfg, batch.mask
         if batch.token_js is None:
             raise ValueError("ict needs batch.token_js (listed in method.requires)")
-        keep, units, kept = select_tokens(batch.token_js, mask, c.frac, c.unit, batch.token_ids)  # (B, T)
+        keep, units, kept = select_tokens(batch.token_js, mask, c.frac, c.unit, batch.token_ids, batch.gather)  # (B, T)
         ratio = log_ratio(batch.logp, batch.old_logp).exp()  # (B, T)
         per_token, _, metrics = clipped_loss(ratio, batch, c, trained=keep)  # (B, T)
         per_token = torch.where(keep, per_token, 0.0)  # (B, T) where, not *: no gradient reaches unselected tokens

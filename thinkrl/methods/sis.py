@@ -96,9 +96,9 @@ def rejection_test(batch: TokenBatch) -> RejectionTest:
     # disagreeing in the last bits, so that w / M never exceeds 1
     log_m = torch.maximum(log_ratio_k.max(-1).values, log_w)  # (B, T)
     prob = torch.where(in_topk, torch.exp(log_w - log_m), 0.0)  # (B, T)
-    # one u per position of the padded (B, T) grid, padding included: rows draw in order, so micro-batches
-    # cut along B consume the same stream as the whole batch (on CPU), and masking cannot shift it
-    u = torch.rand(mask.shape, generator=batch.generator, device=mask.device)  # (B, T)
+    # the trainer's per-token draws (batch.uniform: one per token, whatever the micro-batch cut or the process
+    # count); a direct call draws one u per position of the padded (B, T) grid from batch.generator
+    u = batch.uniform if batch.uniform is not None else torch.rand(mask.shape, generator=batch.generator, device=mask.device)  # (B, T)
     return RejectionTest(log_w, prob, in_topk, in_topk & (u < prob))
 
 
@@ -119,7 +119,7 @@ class SIS(Method[Config]):
 
     @property
     def requires(self) -> set[str]:
-        return {"topk_ids", "topk_old_logp", "topk_logp", "token_ids"}
+        return {"topk_ids", "topk_old_logp", "topk_logp", "token_ids", "uniform"}
 
     @property
     def topk_width(self) -> int:

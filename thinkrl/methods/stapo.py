@@ -20,9 +20,10 @@ the thresholds tau_p and tau_h are unverified against the paper.
 
 Batch statistics and micro-batches. tau_h is a quantile of the tensor batch this loss is called with, so
 micro-batches of one mini-batch would get different thresholds: the class sets `batch_statistics` and the
-trainer passes each whole mini-batch in one call (thinkrl/learner/update.py; per rank under data parallelism). The
-denominator is the global token count minus the tokens silenced in this call, batch.num_tokens - sum(S): in
-one call over the whole mini-batch that is exactly sum mask (1 - S). If the batch is split anyway, each part
+trainer passes each whole mini-batch in one call (thinkrl/learner/update.py); with several processes each holds
+part of it, and the quantile and the silenced count span every part (TokenBatch.gather), so the update is the
+one process's. The denominator is the global token count minus the silenced tokens, batch.num_tokens - sum(S):
+over the whole mini-batch that is exactly sum mask (1 - S). If the batch is split without a gather, each part
 still divides by (nearly) the global count, so the parts add up to the full loss up to the silenced tokens of
 the other parts (about 1e-4 of the tokens), instead of being off by the number of parts as a per-call count
 would be. No host-device sync: the count stays a tensor.
@@ -37,7 +38,7 @@ from torch import Tensor
 
 from thinkrl.batch import TokenBatch
 from thinkrl.methods import Method, register
-from thinkrl.methods._common import Clip, clipped_loss, log_ratio, masked_mean, masked_quantile
+from thinkrl.methods._common import Clip, batch_quantile, clipped_loss, log_ratio, masked_mean, whole_batch
 
 
 @dataclass
@@ -70,7 +71,7 @@ class STAPO(Method[Config]):
         c, mask, adv = self.cfg, batch.mask, batch.advantages
         if batch.entropy is None:
             raise ValueError("stapo needs batch.entropy (listed in method.requires)")
-        tau_h = masked_quantile(batch.entropy, mask, c.entropy_quantile)  # () over this call's valid tokens
+        tau_h = batch_quantile(batch.entropy, batch, c.entropy_quantile)  # () over the mini-batch's valid tokens, on every rank
         prob = batch.logp.detach().exp()  # (B, T)
         spurious = mask & (adv > 0) & (prob < c.tau_p) & (batch.entropy < tau_h)  # (B, T)
         kept = mask & ~spurious  # (B, T)
@@ -79,7 +80,8 @@ class STAPO(Method[Config]):
         if batch.is_weights is not None:  # rollout correction, applied as in _common.reduce
             per_token = per_token * batch.is_weights
         per_token = torch.where(kept, per_token, 0.0)  # (B, T)
-        denom = ((batch.num_tokens or 0) - spurious.sum()).clamp(min=1)  # () global count less this call's silenced
+        silenced = whole_batch(spurious.sum().reshape(1), batch)[0].sum()  # () over every rank's part of the batch
+        denom = ((batch.num_tokens or 0) - silenced).clamp(min=1)  # () global count less the silenced
         metrics["silenced/frac"] = masked_mean(spurious, mask)
         metrics["entropy/threshold"] = tau_h
         return per_token.sum() / denom, metrics

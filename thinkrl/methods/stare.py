@@ -31,7 +31,8 @@ Relative to grpo: DAPO's clip-higher, dual clip 10, token-mean, and the gated su
 Differences from the reference code (INTERPRETATION where they matter):
 - Top-P selection runs over the batch this loss is called with. The reference selects within each
   micro-batch; here `batch_statistics` makes the trainer pass the whole mini-batch in one call, so the
-  selection does not depend on train.micro_batch_size (under data parallelism it is per rank).
+  selection does not depend on train.micro_batch_size; with several processes it ranks every rank's part of the
+  mini-batch (TokenBatch.gather), and begin_step's entropy is the global batch's.
 - Ties in surprisal are broken deterministically: a stable sort keeps the earlier token in row-major order
   (lower sequence index, then lower position). The reference uses torch.topk, whose tie order is unspecified.
 - k+ = ceil(top_ratio n) is computed as ceil(top_ratio n - 1e-6) so that float error cannot add a token
@@ -100,32 +101,38 @@ class Config(ClipConfig):
             raise ValueError(f"m_min must be in (0, m={self.m}] when adaptive, got {self.m_min}")
 
 
-def top_surprisal(surprisal: Tensor, candidates: Tensor, top_ratio: float) -> Tensor:
+def top_surprisal(surprisal: Tensor, candidates: Tensor, top_ratio: float, gather=None) -> Tensor:
     """The k = min(n, max(1, ceil(top_ratio n))) candidates of highest surprisal, n = number of candidates.  # (B, T) bool
 
-    Ties keep the earlier token in row-major order (stable sort), so the selection is deterministic.
+    Ties keep the earlier token in row-major order (stable sort), so the selection is deterministic. `gather`
+    (TokenBatch.gather) ranks the candidates of every process holding part of the batch, in rank order (the
+    row-major order of the whole batch).
     """
     flat = candidates.reshape(-1)  # (B*T,)
-    where = flat.nonzero().squeeze(-1)  # (n,) row-major positions of the candidates
-    n = where.numel()
+    where = flat.nonzero().squeeze(-1)  # (n,) row-major positions of this call's candidates
+    pooled, start = (gather or (lambda x: (x, 0)))(surprisal.reshape(-1)[where])  # (N,)
     chosen = torch.zeros_like(flat)
+    n = pooled.numel()
     if n == 0:
         return chosen.view_as(candidates)
     k = min(n, max(1, math.ceil(top_ratio * n - 1e-6)))  # - 1e-6: 0.1 * 30 must give 3, not 4
-    order = surprisal.reshape(-1)[where].argsort(descending=True, stable=True)  # (n,)
-    chosen[where[order[:k]]] = True
+    top = pooled.argsort(descending=True, stable=True)[:k]  # (k,) indices into the pooled candidates
+    mine = top[(top >= start) & (top < start + where.numel())] - start  # those of this call
+    chosen[where[mine]] = True
     return chosen.view_as(candidates)
 
 
-def stare_weights(logp: Tensor, adv: Tensor, mask: Tensor, top_ratio: float, w: float, m: float | None) -> tuple[Tensor, Tensor]:
+def stare_weights(
+    logp: Tensor, adv: Tensor, mask: Tensor, top_ratio: float, w: float, m: float | None, gather=None
+) -> tuple[Tensor, Tensor]:
     """Token weights omega (W on the top positive-advantage surprisals, M on the negative ones when `m` is
     not None, else 1) and the mask of reweighted tokens.  # (B, T), (B, T)"""
     surprisal = -logp.detach()  # (B, T) it only ranks tokens: no gradient through the selection
-    up = top_surprisal(surprisal, mask & (adv > 0), top_ratio)  # (B, T) L+
+    up = top_surprisal(surprisal, mask & (adv > 0), top_ratio, gather)  # (B, T) L+
     omega = torch.where(up, w, 1.0).to(logp.dtype)  # (B, T)
     if m is None:
         return omega, up
-    down = top_surprisal(surprisal, mask & (adv < 0), top_ratio)  # (B, T) L-
+    down = top_surprisal(surprisal, mask & (adv < 0), top_ratio, gather)  # (B, T) L-
     return torch.where(down, m, omega).to(logp.dtype), up | down
 
 
@@ -172,7 +179,7 @@ class STARE(Method[Config]):
         per_token, _, metrics = clipped_loss(ratio, batch, c)  # (B, T)
         if self.gate:
             m = self.m if c.variant == "c2" else None
-            omega, chosen = stare_weights(batch.logp, batch.advantages, mask, c.top_ratio, self.w, m)  # (B, T)
+            omega, chosen = stare_weights(batch.logp, batch.advantages, mask, c.top_ratio, self.w, m, batch.gather)  # (B, T)
             per_token = per_token * omega  # (B, T)
         else:  # gate off: leave the vanilla loss untouched, bit for bit
             omega, chosen = torch.ones_like(per_token.detach()), torch.zeros_like(mask)

@@ -43,9 +43,9 @@ from thinkrl.learner.logprobs import dropout_off
 from thinkrl.methods import Method, get_method
 from thinkrl.probe.rollouts import Rollouts
 
-READS = frozenset(
-    {"entropy", "old_entropy", "token_ids", "token_js", "topk_ids", "topk_old_logp", "topk_logp"}
-)  # what a probed loss may read beyond logp, old_logp, advantages, mask
+# what a probed loss may read beyond logp, old_logp, advantages, mask; "uniform" is left unset, and a loss that
+# reads it draws from batch.generator instead (sis), as a direct call does
+READS = frozenset({"entropy", "old_entropy", "token_ids", "token_js", "topk_ids", "topk_old_logp", "topk_logp", "uniform"})
 CLIP_KEYS = ("clip/frac", "mask/frac", "masked/frac")
 OLD_POLICIES = ("sampler", "recompute")
 
