@@ -8,7 +8,8 @@ overrides after it (`grpo+method.beta=0.04`). Each case builds its model, optimi
 thinkrl/setup.py does, takes its rank's share of tests/dist_update.py's global batch (4 prompts x 3 completions of
 uneven length) and runs update() twice: the pi_old pass (mini_batches > 1, begin_step, old_entropy, top-K, JS), the
 reference pass (beta > 0) and every loss go through the same Accelerate-wrapped module a run trains. Rank 0 writes
-{case: [metrics of update 1, of update 2]} to OUT.pt. One launch serves every case: a launch costs seconds.
+{case: {"metrics": [update 1's, update 2's], "delta": {trained parameter: its change}}} to OUT.pt. One launch
+serves every case: a launch costs seconds.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ def case_config(case: str, model_dir: str):
     return resolve_with_method(load_config(CONFIGS / f"{name}.yaml", overrides, **{"model.name": model_dir, "output_dir": "unused"}))
 
 
-def run_case(case: str, model_dir: str, accelerator) -> list[dict]:
+def run_case(case: str, model_dir: str, accelerator) -> dict:
     cfg, method = case_config(case, model_dir)  # the method as a run resolves it (norm_length from the budget)
     rank, world = distributed.world()
     torch.manual_seed(0)
@@ -67,12 +68,15 @@ def run_case(case: str, model_dir: str, accelerator) -> list[dict]:
     device = accelerator.device
     rb = RolloutBatch([prompts[r // G] for r in rows.tolist()], on(comp.select(rows), device), adv[rows].to(device), G)
     ctx = UpdateContext(model, method, optimizer, scheduler, accelerator, cfg, tok.pad_token_id, ref)
-    out = []
+    trained = lambda: accelerator.unwrap_model(model).policy.named_parameters()  # noqa: E731  (shards under FSDP2)
+    before = {n: sharding.full(p.detach()).cpu().clone() for n, p in trained() if p.requires_grad}  # every rank gathers
+    metrics = []
     for step in range(2):
         torch.manual_seed(1 + step)  # the step's seed, the same on every rank (mini-batch shuffles)
-        out.append(update(ctx, rb, torch.Generator().manual_seed(2 + step)))
+        metrics.append(update(ctx, rb, torch.Generator().manual_seed(2 + step)))
+    delta = {n: sharding.full(p.detach()).cpu() - before[n] for n, p in trained() if n in before}
     accelerator.free_memory()
-    return out
+    return {"metrics": metrics, "delta": delta}
 
 
 def recorded(policy, prompts, comp, cfg, method, pad: int):

@@ -34,7 +34,7 @@ def requested() -> bool:
 def accelerator(cpu: bool, cfg=None, **kwargs):
     """The run's Accelerator; with FSDP requested, FSDP2 on a CPU process group too, once `cfg` (the run's
     config) is known to be one FSDP runs."""
-    from accelerate import Accelerator
+    from accelerate import Accelerator, PartialState
     from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
 
     if os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() in ("true", "1"):
@@ -55,7 +55,9 @@ def accelerator(cpu: bool, cfg=None, **kwargs):
     acc = Accelerator(cpu=cpu, **kwargs)
     if requested() and acc.state.distributed_type == DistributedType.MULTI_CPU:
         acc.state.fsdp_plugin = FullyShardedDataParallelPlugin()  # reads the FSDP_* variables the launcher set
-        acc.state.distributed_type = DistributedType.FSDP
+        # in both shared states, as Accelerate does for an accelerator: every AcceleratorState() (prepare() makes
+        # some) copies PartialState's over its own, and a later prepare() would wrap the model in DDP instead
+        acc.state.distributed_type = PartialState._shared_state["distributed_type"] = DistributedType.FSDP
     return acc
 
 
