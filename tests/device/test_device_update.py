@@ -24,9 +24,9 @@ from thinkrl.setup import _reference, reseed
 pytestmark = pytest.mark.device
 
 
-def run_update(model_dir, device: torch.device, *overrides: str) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+def run_update(model_dir, device: torch.device, method: str, *overrides: str) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
     """One update phase with AdamW on `device`, as train.py runs it; (trained parameters after it on the CPU, metrics)."""
-    cfg = resolve(load_config(None, list(overrides), **{"model.name": str(model_dir), "method.name": "grpo", "output_dir": "unused"}))
+    cfg = resolve(load_config(None, list(overrides), **{"model.name": str(model_dir), "method.name": method, "output_dir": "unused"}))
     torch.manual_seed(0)
     base, tok = load_base(str(model_dir), torch.float32)
     policy = add_lora(base, cfg.model.lora)
@@ -54,17 +54,19 @@ def run_update(model_dir, device: torch.device, *overrides: str) -> tuple[dict[s
     return trained, metrics
 
 
-CASES = {  # overrides, optimizer steps
-    "grpo": ([], 1),  # one update: pi_old is this forward's log-probs
-    "pi_old pass": (["train.mini_batches=2"], 2),  # a no-grad pass first
-    "reference pass": (["method.beta=0.04"], 1),  # the base model with the LoRA adapters disabled
+CASES = {  # method, overrides, optimizer steps
+    "grpo": ("grpo", [], 1),  # one update: pi_old is this forward's log-probs
+    "pi_old pass": ("grpo", ["train.mini_batches=2"], 2),  # a no-grad pass first
+    "reference pass": ("grpo", ["method.beta=0.04"], 1),  # the base model with the LoRA adapters disabled
+    # top-K of pi_old, and random draws from the step's generator (on the device) in the loss
+    "sis": ("sis", ["train.mini_batches=2", "train.old_policy=recompute"], 2),
 }
 
 
-@pytest.mark.parametrize("overrides, steps", CASES.values(), ids=CASES.keys())
-def test_update_on_the_device_matches_the_cpu(tiny_model_dir, fakegpu, overrides, steps):
-    on_device, metrics = run_update(tiny_model_dir, fakegpu, *overrides)
-    on_cpu, cpu_metrics = run_update(tiny_model_dir, torch.device("cpu"), *overrides)
+@pytest.mark.parametrize("method, overrides, steps", CASES.values(), ids=CASES.keys())
+def test_update_on_the_device_matches_the_cpu(tiny_model_dir, fakegpu, method, overrides, steps):
+    on_device, metrics = run_update(tiny_model_dir, fakegpu, method, *overrides)
+    on_cpu, cpu_metrics = run_update(tiny_model_dir, torch.device("cpu"), method, *overrides)
     assert metrics["update/optimizer_steps"] == cpu_metrics["update/optimizer_steps"] == steps
     assert ("kl/ref" in metrics) == ("method.beta=0.04" in overrides)
     assert metrics["loss"] == pytest.approx(cpu_metrics["loss"], rel=1e-5, abs=1e-7)
