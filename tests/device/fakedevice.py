@@ -14,6 +14,10 @@ With `fake_device()` active:
 - `nccl_collectives()` makes torch.distributed's tensor collectives refuse CPU tensors as an NCCL-only group
   does ("No backend type associated with device type cpu") and run the gloo group on a DeviceTensor's CPU data.
 
+The modes are those of the thread that entered fake_device(); in another thread (transformers' continuous
+batching decodes in one) the fake backend's kernels make the DeviceTensors and the DeviceTensors check their
+own ops, but a generator passed to a CPU op there goes unchecked.
+
 It cannot catch what is not a device check: an op CUDA lacks or runs differently (dtypes, determinism, kernels),
 memory, streams and synchronisation, NCCL's own semantics, or a storage-level access (data_ptr) a kernel makes.
 """
@@ -42,10 +46,38 @@ INDEXING = {aten.index.Tensor, aten.index_put_.default, aten.index_put.default, 
 @functools.cache
 def install() -> torch.device:
     """Name PrivateUse1 `fakegpu` and give it the Python hooks a backend needs (once per process)."""
-    from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
+    from torch.utils.backend_registration import _DummyBackendModule, _setup_privateuseone_for_python_backend
 
-    _setup_privateuseone_for_python_backend(NAME)
+    class Module(_DummyBackendModule):  # torch.fakegpu: one device, always available (torch's stand-in, named)
+        __name__ = f"torch.{NAME}"
+
+    _setup_privateuseone_for_python_backend(NAME, backend_module=Module())
+    # Below the Python dispatch key (a thread the modes are not active in, torch.tensor's own copy) a factory with
+    # device="fakegpu" reaches the backend's kernels: they make DeviceTensors too, and copy into them.
+    lib = torch.library.Library("aten", "IMPL")  # kept for the process's life, as a backend's kernels are
+    _KERNELS.append(lib)
+
+    def empty(size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+        return DeviceTensor(torch.empty(size, dtype=dtype, layout=layout, memory_format=memory_format))
+
+    def empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):
+        return DeviceTensor(torch.empty_strided(size, stride, dtype=dtype, layout=layout))
+
+    def copy_from(src, dst, non_blocking=False):
+        inner(dst).copy_(inner(src))
+        return dst
+
+    lib.impl("empty.memory_format", empty, "PrivateUse1")
+    lib.impl("empty_strided", empty_strided, "PrivateUse1")
+    lib.impl("_copy_from", copy_from, "PrivateUse1")
     return torch.device(NAME, DEVICE_INDEX)
+
+
+_KERNELS: list = []
+
+
+def inner(t: torch.Tensor) -> torch.Tensor:
+    return t.inner if isinstance(t, DeviceTensor) else t
 
 
 class DeviceTensor(torch.Tensor):
@@ -69,7 +101,11 @@ class DeviceTensor(torch.Tensor):
     def __init__(self, inner: torch.Tensor, requires_grad: bool = False):
         self.inner = inner
 
-    __torch_function__ = torch._C._disabled_torch_function_impl
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if func is torch.Tensor.tolist:  # torch refuses tolist() on a subclass; CUDA copies to the CPU first
+            return args[0].inner.tolist()
+        return torch._C._disabled_torch_function_impl(func, types, args, kwargs or {})
 
     def __repr__(self, *, tensor_contents=None) -> str:
         return f"DeviceTensor({self.inner!r}, device='{NAME}:{DEVICE_INDEX}')"
@@ -163,8 +199,8 @@ def _output_device(args: tuple, kwargs: dict) -> torch.device:
 
 
 class _Modes(TorchFunctionMode):
-    """Generator checks (at the Python level, where the generator object is still the caller's), tolist(), and
-    the factories with device="fakegpu"."""
+    """Generator checks (at the Python level, where the generator object is still the caller's), and the
+    factories with device="fakegpu"."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -174,8 +210,6 @@ class _Modes(TorchFunctionMode):
             found = NAME if isinstance(gens[0], DeviceGenerator) else gens[0].device.type
             if found != where:
                 raise RuntimeError(f"Expected a '{where}' device type for generator but found '{found}' (fake device)")
-        if func is torch.Tensor.tolist and isinstance(args[0], DeviceTensor):  # torch refuses tolist() on subclasses
-            return args[0].cpu().tolist()
         if _on_fake(kwargs.get("device")):  # torch.tensor(..., device=) copies below the Python dispatch key: made here
             out = func(*args, **{**kwargs, "device": torch.device("cpu")})
             return tree_map(lambda t: t.to(NAME) if isinstance(t, torch.Tensor) else t, out)

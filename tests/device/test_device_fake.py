@@ -100,3 +100,18 @@ def test_collectives_refuse_cpu_tensors(fakegpu, one_rank):
         dist.all_gather(gathered, torch.ones(2, device=fakegpu))
         assert gathered[0].tolist() == [1.0, 1.0]
     dist.all_reduce(torch.ones(2))  # gloo itself, once the fake is gone
+
+
+def test_in_another_thread(fakegpu):
+    """Without the modes (they are the entering thread's), the backend's kernels and DeviceTensor do the work."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def work():
+        x = torch.tensor([1.0, 2.0], device=fakegpu) + torch.zeros(2, device=fakegpu)
+        assert isinstance(x, DeviceTensor) and x.tolist() == [1.0, 2.0]
+        with pytest.raises(RuntimeError, match=MIXED):
+            x + torch.ones(2)
+        return x.cpu()
+
+    with ThreadPoolExecutor(1) as pool:
+        assert pool.submit(work).result().tolist() == [1.0, 2.0]

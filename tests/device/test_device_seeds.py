@@ -1,6 +1,7 @@
 """The rollout's seed drawing on the fake device: the step's generator lives on the training device
 (setup.reseed), and every draw from it must land there too, as CUDA refuses a device generator in a CPU op.
-The engines' seed lines run up to the point where they hand the seeds on (the backend itself is stubbed)."""
+The vLLM engines' seed lines run up to the point where they hand the seeds on (vLLM and the server stubbed);
+the transformers and lean engines sample on the device in test_device_rollout.py."""
 
 from __future__ import annotations
 
@@ -13,7 +14,6 @@ from fakedevice import DeviceGenerator
 
 from thinkrl.rollout import seeds
 from thinkrl.rollout.completions import Completions, Request, Sampling
-from thinkrl.rollout.engines.hf import TransformersEngine
 from thinkrl.rollout.engines.vllm import VLLMEngine
 from thinkrl.rollout.engines.vllm_server import VLLMServerEngine
 from thinkrl.rollout.sampling import request_seed
@@ -47,15 +47,6 @@ def test_request_seed(fakegpu):
     first = request_seed(reseed(7, 3, fakegpu))
     assert 0 <= first < 2**62
     assert request_seed(reseed(7, 3, fakegpu)) == first
-
-
-def test_transformers_engine_seed(fakegpu, monkeypatch):
-    import transformers.generation
-
-    monkeypatch.setattr(transformers.generation, "ContinuousBatchingConfig", lambda **kwargs: hand([kwargs["seed"]]))
-    with pytest.raises(Handed) as handed:
-        TransformersEngine().generate(torch.nn.Linear(1, 1).to(fakegpu), request(reseed(7, 3, fakegpu)))
-    assert 0 <= handed.value.seeds[0] < 2**31 - 1
 
 
 def test_vllm_engine_seeds(fakegpu, monkeypatch):
