@@ -19,7 +19,8 @@ batching decodes in one) the fake backend's kernels make the DeviceTensors and t
 own ops, but a generator passed to a CPU op there goes unchecked.
 
 It cannot catch what is not a device check: an op CUDA lacks or runs differently (dtypes, determinism, kernels),
-memory, streams and synchronisation, NCCL's own semantics, or a storage-level access (data_ptr) a kernel makes.
+memory, streams and synchronisation, NCCL's own semantics, or code reading a tensor's memory (a DeviceTensor's
+storage is its CPU data's, so that savers can tell which tensors share memory).
 """
 
 from __future__ import annotations
@@ -105,6 +106,8 @@ class DeviceTensor(torch.Tensor):
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         if func is torch.Tensor.tolist:  # torch refuses tolist() on a subclass; CUDA copies to the CPU first
             return args[0].inner.tolist()
+        if func is torch.Tensor.untyped_storage:  # the device memory: its pointer tells savers which tensors share it
+            return args[0].inner.untyped_storage()
         return torch._C._disabled_torch_function_impl(func, types, args, kwargs or {})
 
     def __repr__(self, *, tensor_contents=None) -> str:
