@@ -78,6 +78,7 @@ _KERNELS: list = []
 
 
 def inner(t: torch.Tensor) -> torch.Tensor:
+    """The CPU data of a DeviceTensor; a plain tensor as it is."""
     return t.inner if isinstance(t, DeviceTensor) else t
 
 
@@ -106,8 +107,8 @@ class DeviceTensor(torch.Tensor):
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         if func is torch.Tensor.tolist:  # torch refuses tolist() on a subclass; CUDA copies to the CPU first
             return args[0].inner.tolist()
-        if func is torch.Tensor.untyped_storage:  # the device memory: its pointer tells savers which tensors share it
-            return args[0].inner.untyped_storage()
+        if func in (torch.Tensor.untyped_storage, torch.Tensor.data_ptr):  # the device memory: savers compare pointers
+            return func(args[0].inner)
         return torch._C._disabled_torch_function_impl(func, types, args, kwargs or {})
 
     def __repr__(self, *, tensor_contents=None) -> str:
@@ -132,10 +133,9 @@ def run(func, args: tuple, kwargs: dict):
     originals = {}  # id of what the op sees -> what the caller passed: an in-place op returns its own argument
     plain = []
     for x in flat:
-        y = x.inner if isinstance(x, DeviceTensor) else x
+        plain.append(inner(x) if isinstance(x, torch.Tensor) else x)
         if isinstance(x, torch.Tensor):
-            originals[id(y)] = x
-        plain.append(y)
+            originals[id(plain[-1])] = x
     p_args, p_kwargs = tree_unflatten(plain, spec)
     if _on_fake(p_kwargs.get("device")):
         p_kwargs = {**p_kwargs, "device": torch.device("cpu")}
@@ -201,7 +201,7 @@ def _output_device(args: tuple, kwargs: dict) -> torch.device:
     return torch.device("cpu")
 
 
-class _Modes(TorchFunctionMode):
+class _PythonLevel(TorchFunctionMode):
     """Generator checks (at the Python level, where the generator object is still the caller's), and the
     factories with device="fakegpu"."""
 
@@ -219,7 +219,7 @@ class _Modes(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-class _Dispatch(TorchDispatchMode):
+class _DispatchLevel(TorchDispatchMode):
     """Every aten op while the fake is active, so that factories with device="fakegpu" make DeviceTensors."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -235,7 +235,7 @@ def fake_device() -> Iterator[torch.device]:
     torch.__future__.set_swap_module_params_on_conversion(True)
     torch.Generator = _Generator  # type: ignore[misc]
     try:
-        with _Modes(), _Dispatch():
+        with _PythonLevel(), _DispatchLevel():
             yield device
     finally:
         torch.Generator = _REAL_GENERATOR  # type: ignore[misc]
@@ -266,7 +266,7 @@ def nccl_collectives() -> Iterator[None]:
             for x in flat:
                 if isinstance(x, torch.Tensor) and not isinstance(x, DeviceTensor):
                     raise RuntimeError(f"No backend type associated with device type {x.device.type} (fake NCCL {name})")
-            plain = [x.inner if isinstance(x, DeviceTensor) else x for x in flat]
+            plain = [inner(x) if isinstance(x, torch.Tensor) else x for x in flat]
             p_args, p_kwargs = tree_unflatten(plain, spec)
             return real[name](*p_args, **p_kwargs)
 
