@@ -11,7 +11,7 @@ DEMO_DIR ?= runs/demo
 DEMO_STEPS ?= 40
 DEMO_LIMIT ?= 200
 
-.PHONY: install test test-fast test-plain test-durations test-vllm demo lint format clean
+.PHONY: install test test-fast test-plain test-device test-durations test-vllm demo lint format clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,12 +30,17 @@ WORKERS ?= $(shell nproc 2>/dev/null || echo 2)
 PYTEST := $(BIN)/python -m pytest -q
 TIMES ?= --durations=25
 
-test: install  ## every test: the fast ones, then the slow end-to-end runs on the bundled model (what CI runs)
-	$(PYTEST) $(TIMES) -m "not slow" -n $(WORKERS)
+test: install  ## every test but the fake device's: the fast ones, then the slow end-to-end runs on the bundled model
+	$(PYTEST) $(TIMES) -m "not slow and not device" -n $(WORKERS)
 	$(PYTEST) $(TIMES) -m slow
 
 test-fast: install  ## unit tests and tiny-model runs only
-	$(PYTEST) $(TIMES) -m "not slow" -n $(WORKERS)
+	$(PYTEST) $(TIMES) -m "not slow and not device" -n $(WORKERS)
+
+# The one runner of tests/device (make test leaves them out, so CI does not run them twice); no test collected
+# is pytest's exit code 5, which fails make like any other.
+test-device: install  ## the CUDA-only defects, on the project's fake accelerator (tests/device/fakedevice.py)
+	$(PYTEST) $(TIMES) -m device tests/device
 
 test-plain: install  ## the fast tests marked `plain` with the CPU speed-ups off (THINKRL_ACCEL=0): the torch path a GPU runs
 	THINKRL_ACCEL=0 $(PYTEST) $(TIMES) -m "plain and not slow" -n $(WORKERS)

@@ -12,12 +12,25 @@ process group. This module only answers the questions the loop asks about the ot
   batch's, and only rank 0 writes metrics, rollouts and checkpoints.
 
 With one process every function is the identity and no collective is called.
+
+The collectives' tensors live on the run's training device, which train.py hands over once (`set_device`, the
+Accelerator's device). Accelerate starts NCCL on GPUs, and NCCL serves CUDA tensors only; gloo, on a CPU run,
+serves CPU tensors. Taking the Accelerator's device rather than a backend-to-device table of our own follows
+whatever backend Accelerate chose for its device. float64 on the device keeps the sums exact as before.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+
+_device = torch.device("cpu")  # where collective tensors live (set_device); the CPU until told otherwise
+
+
+def set_device(device: torch.device | str) -> None:
+    """The device of every later collective's tensors in this process: the Accelerator's device (train.py)."""
+    global _device
+    _device = torch.device(device)
 
 
 def world() -> tuple[int, int]:
@@ -41,7 +54,7 @@ def all_sum(values: list[float]) -> list[float]:
     """Element-wise sum over ranks of a short list of numbers (one collective)."""
     if world()[1] == 1:
         return list(values)
-    t = torch.tensor(values, dtype=torch.float64)
+    t = torch.tensor(values, dtype=torch.float64, device=_device)
     dist.all_reduce(t)
     return t.tolist()
 
@@ -49,7 +62,7 @@ def all_sum(values: list[float]) -> list[float]:
 def all_max(value: float) -> float:
     if world()[1] == 1:
         return value
-    t = torch.tensor([value], dtype=torch.float64)
+    t = torch.tensor([value], dtype=torch.float64, device=_device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return float(t)
 

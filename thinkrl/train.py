@@ -79,6 +79,7 @@ def _train(cfg: Config, resume: bool, held: contextlib.ExitStack, allow_changes:
     # with FSDP, shards: thinkrl/sharding.py) the model; thinkrl/distributed.py says which prompts are this
     # rank's; only rank 0 writes
     accelerator = sharding.accelerator(not torch.cuda.is_available(), cfg, **trackers.accelerator_kwargs(cfg.log, Path(cfg.output_dir)))
+    distributed.set_device(accelerator.device)  # the collectives' tensors: NCCL, on GPUs, serves CUDA tensors only
     cfg.output_dir = distributed.all_gather(cfg.output_dir)[0]  # a default name is made per process: every rank takes rank 0's
     run_dir = Path(cfg.output_dir)
     rank, world = distributed.world()

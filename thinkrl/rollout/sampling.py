@@ -60,9 +60,17 @@ def _shr(x: Tensor, k: int) -> Tensor:
     return (x >> k) & ((1 << (64 - k)) - 1)
 
 
+def draw_seeds(generator: torch.Generator | None, n: int, bound: int) -> list[int]:
+    """n seeds in [0, bound) from the step's generator (or the global RNG). They are drawn on the generator's own
+    device: the step's generator lives on the training device (setup.reseed), and a CUDA generator draws only
+    CUDA tensors ("Expected a 'cpu' device type for generator" otherwise)."""
+    device = generator.device if generator is not None else None
+    return torch.randint(0, bound, (n,), generator=generator, device=device).tolist()
+
+
 def request_seed(generator: torch.Generator | None) -> int:
     """One 62-bit seed per generate call, drawn from the step's generator (or the global RNG)."""
-    return int(torch.randint(0, 2**62, (1,), generator=generator).item())
+    return draw_seeds(generator, 1, 2**62)[0]
 
 
 def uniforms(seed: int, request: Tensor, position: Tensor) -> Tensor:

@@ -117,10 +117,10 @@ def _prefix_lengths(hist: Completions, cfg, budget: int, rng: torch.Generator, t
     for i in range(hist.tokens.shape[0]):
         n = int(hist.lengths[i]) - (0 if bool(hist.truncated[i]) else 1)  # generated tokens without the EOS
         if cfg.prefix == "fraction":
-            u = cfg.frac_min + (cfg.frac_max - cfg.frac_min) * float(torch.rand((), generator=rng))
+            u = cfg.frac_min + (cfg.frac_max - cfg.frac_min) * float(torch.rand((), generator=rng, device=rng.device))
             L = max(1, int(u * n))
         else:
-            L = int(torch.randint(cfg.tokens_min, cfg.tokens_max + 1, (), generator=rng))
+            L = int(torch.randint(cfg.tokens_min, cfg.tokens_max + 1, (), generator=rng, device=rng.device))
         L = max(0, min(L, n, budget - 1))
         if cfg.snap != "none" and L > 1:
             pieces = [tok.decode([t]) for t in hist.tokens[i, :L].tolist()]

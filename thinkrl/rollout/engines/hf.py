@@ -27,7 +27,7 @@ from thinkrl.errors import UserError
 from thinkrl.forward import visit_distributions
 from thinkrl.rollout.completions import Completions, Request, Sampling
 from thinkrl.rollout.engines import Engine, quiet
-from thinkrl.rollout.sampling import processed_logp
+from thinkrl.rollout.sampling import draw_seeds, processed_logp
 
 PAGE = 64  # tokens per cache page
 KV_MARGIN = 256  # the default pool: slots x (longest prompt + this many tokens), whatever the budget
@@ -63,7 +63,7 @@ class TransformersEngine(Engine):
         inputs, limits = req.each_completion(), req.limits()
         longest = max(len(p) for p in prompts) + max(limits)
         kv_tokens = int(self.options.get("kv_tokens") or self.slots * (max(len(p) for p in prompts) + KV_MARGIN))
-        seed = int(torch.randint(0, 2**31 - 1, (1,), generator=req.generator).item())
+        seed = draw_seeds(req.generator, 1, 2**31 - 1)[0]
         cb = ContinuousBatchingConfig(
             return_logprobs=True,
             page_size=PAGE,

@@ -29,6 +29,7 @@ import torch
 from thinkrl.errors import UserError
 from thinkrl.rollout.completions import Completions, Request, Sampling
 from thinkrl.rollout.engines import Engine, quiet
+from thinkrl.rollout.sampling import draw_seeds
 
 DTYPES = {"same": None, "bf16": "bfloat16", "fp16": "float16", "fp8": None}
 
@@ -104,7 +105,7 @@ class VLLMEngine(Engine):
             self.llm.wake_up()
             self._asleep = False
         self._push(model)
-        seeds = torch.randint(0, 2**31 - 1, (req.rows,), generator=req.generator).tolist()
+        seeds = draw_seeds(req.generator, req.rows, 2**31 - 1)
         topk = req.record_topk
         params = [_params(SamplingParams, req.sampling, req.eos_ids, seed, topk, n) for seed, n in zip(seeds, req.limits())]
         requests = [TokensPrompt(prompt_token_ids=p) for p in req.each_completion()]

@@ -27,6 +27,7 @@ from thinkrl.rollout.completions import Completions, Request
 from thinkrl.rollout.engines import Engine
 from thinkrl.rollout.engines.server_adapters import AdapterPush
 from thinkrl.rollout.engines.server_http import ServerClient, ServerRefused
+from thinkrl.rollout.sampling import draw_seeds
 
 HEALTH_TIMEOUT = 30.0  # seconds: the check at start waits at most this (or rollout.server_timeout, if shorter)
 
@@ -87,7 +88,7 @@ class VLLMServerEngine(Engine):
             self.push = AdapterPush(self.client, policy.peft_config[adapter], adapter, prefix)
         version, lag, adapters = self.policy(req)
         name = self.push.push(version, adapters)
-        seeds = torch.randint(0, 2**31 - 1, (req.rows,), generator=req.generator).tolist()
+        seeds = draw_seeds(req.generator, req.rows, 2**31 - 1)
         bodies = [_body(name, req, p, seed, n) for p, seed, n in zip(req.each_completion(), seeds, req.limits())]
         with ThreadPoolExecutor(max_workers=max(1, min(self.slots, len(bodies)))) as pool:  # the server batches them
             answers = list(pool.map(self._complete, bodies))

@@ -1,0 +1,74 @@
+"""The learner's update of the tiny model on the fake device: forward, loss, backward, AdamW step, and the
+pi_old and reference passes, with the tensors train.py puts on the device (the model, the rollout batch, the
+advantages) there. Each run must match the same update on the CPU, so the fake changes no number."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from accelerate import Accelerator
+from dist_update import G, P, global_batch  # tests/dist_update.py: 4 prompts x 3 completions of uneven lengths
+from fakedevice import DeviceTensor
+
+from thinkrl.learner.advantages import compute_advantages
+from thinkrl.learner.batching import RolloutBatch
+from thinkrl.learner.logprobs import PolicyLogProbs
+from thinkrl.learner.update import UpdateContext, update
+from thinkrl.methods import get_method
+from thinkrl.models import add_lora, load_base
+from thinkrl.settings import load_config, resolve
+from thinkrl.setup import _reference, reseed
+
+pytestmark = pytest.mark.device
+
+
+def run_update(model_dir, device: torch.device, method: str, *overrides: str) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+    """One update phase with AdamW on `device`, as train.py runs it; (trained parameters after it on the CPU, metrics)."""
+    cfg = resolve(load_config(None, list(overrides), **{"model.name": str(model_dir), "method.name": method, "output_dir": "unused"}))
+    torch.manual_seed(0)
+    base, tok = load_base(str(model_dir), torch.float32)
+    policy = add_lora(base, cfg.model.lora)
+    with torch.no_grad():  # LoRA's B starts at zero; nonzero, the reference pass (adapters off) differs from the policy's
+        for name, p in policy.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(len(name))) * 0.1)
+    policy.to(device)
+    method = get_method(cfg.method.name, **cfg.method.params)
+    tc = cfg.train
+    optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=tc.lr, betas=tuple(tc.adam_betas))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+    accelerator = Accelerator(cpu=True, device_placement=False)  # Accelerate knows no fakegpu: the model is placed above
+    model, optimizer, scheduler = accelerator.prepare(PolicyLogProbs(policy), optimizer, scheduler)
+    ref = _reference(cfg, accelerator.unwrap_model(model).policy, device) if "ref_logp" in method.requires else None
+    ctx = UpdateContext(model, method, optimizer, scheduler, accelerator, cfg, tok.pad_token_id, ref)
+    prompts, comp, rewards = global_batch(tok.pad_token_id)
+    on_device = {f.name: getattr(comp, f.name).to(device) for f in dataclasses.fields(comp) if getattr(comp, f.name) is not None}
+    comp = dataclasses.replace(comp, **on_device)
+    adv, _ = compute_advantages(rewards.to(device), G, method.advantage, cfg.advantage.eps)
+    rb = RolloutBatch([prompts[i // G] for i in range(P * G)], comp, adv, G)
+    metrics = update(ctx, rb, reseed(cfg.train.seed, 1, device))
+    trained = {n: p.detach().cpu() for n, p in policy.named_parameters() if p.requires_grad}
+    assert all(isinstance(p, DeviceTensor) for p in policy.parameters()) == (device.type != "cpu")
+    return trained, metrics
+
+
+CASES = {  # method, overrides, optimizer steps
+    "grpo": ("grpo", [], 1),  # one update: pi_old is this forward's log-probs
+    "pi_old pass": ("grpo", ["train.mini_batches=2"], 2),  # a no-grad pass first
+    "reference pass": ("grpo", ["method.beta=0.04"], 1),  # the base model with the LoRA adapters disabled
+    # top-K of pi_old, and random draws from the step's generator (on the device) in the loss
+    "sis": ("sis", ["train.mini_batches=2", "train.old_policy=recompute"], 2),
+}
+
+
+@pytest.mark.parametrize("method, overrides, steps", CASES.values(), ids=CASES.keys())
+def test_update_on_the_device_matches_the_cpu(tiny_model_dir, fakegpu, method, overrides, steps):
+    on_device, metrics = run_update(tiny_model_dir, fakegpu, method, *overrides)
+    on_cpu, cpu_metrics = run_update(tiny_model_dir, torch.device("cpu"), method, *overrides)
+    assert metrics["update/optimizer_steps"] == cpu_metrics["update/optimizer_steps"] == steps
+    assert ("kl/ref" in metrics) == ("method.beta=0.04" in overrides)
+    assert metrics["loss"] == pytest.approx(cpu_metrics["loss"], rel=1e-5, abs=1e-7)
+    for name, p in on_device.items():
+        torch.testing.assert_close(p, on_cpu[name], rtol=1e-5, atol=1e-7, msg=name)
