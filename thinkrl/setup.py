@@ -26,7 +26,7 @@ from thinkrl.errors import UserError
 from thinkrl.learner.logprobs import PolicyLogProbs
 from thinkrl.learner.update import UpdateContext
 from thinkrl.methods import Method
-from thinkrl.models import load_base, load_policy, load_tokenizer, parameter_counts, resolve_path
+from thinkrl.models import compute_dtype, load_base, load_policy, load_tokenizer, parameter_counts, resolve_path
 from thinkrl.rollout.engines import Engine, check_engine, describe_path, engine_for_run
 from thinkrl.rollout.policy_copy import PolicySampler
 from thinkrl.run import checkpoint, faults, resume
@@ -161,7 +161,7 @@ def prepare(cfg: Config, method: Method, accelerator, run_dir: Path, ckpt: Path 
     rewards = RewardSet(cfg.reward.functions, cfg.reward.max_failure_share)  # one that cannot be imported or called fails here
     device = accelerator.device
     reseed(cfg.train.seed, 0, device)  # the loop's rule: the LoRA init is part of the run's seed
-    policy, tok = load_policy(cfg.model, device)
+    policy, tok = load_policy(cfg.model, device, autocast=not sharding.requested())  # FSDP2 casts itself (sharding.py)
     trainable, total = parameter_counts(policy)
     console.print(
         f"model: {cfg.model.name} on {device} in {weight_dtypes(policy)}, {trainable:,} of {total:,} parameters trainable", soft_wrap=True
@@ -198,13 +198,16 @@ def prepare(cfg: Config, method: Method, accelerator, run_dir: Path, ckpt: Path 
 
 
 def weight_dtypes(policy) -> str:
-    """The dtype the weights are in (model.dtype; auto is bfloat16 on CUDA), and the trainable ones' where it
-    differs: peft keeps LoRA adapters in float32 over a bfloat16 base."""
-    frozen = {str(p.dtype).removeprefix("torch.") for p in policy.parameters() if not p.requires_grad}
-    trained = {str(p.dtype).removeprefix("torch.") for p in policy.parameters() if p.requires_grad}
-    if not frozen or not trained or frozen == trained:
-        return ", ".join(sorted(frozen | trained))
-    return f"{', '.join(sorted(frozen))} (trainable parameters {', '.join(sorted(trained))})"
+    """The dtypes a run trains in: one name when weights and compute agree (float32 on a CPU), else the
+    trained weights' (masters, model.master_dtype), the compute dtype (model.dtype) and LoRA's frozen base:
+    'float32 masters, bfloat16 compute' (a full fine-tune on CUDA), '..., bfloat16 frozen base' (LoRA)."""
+    name = lambda dtypes: ", ".join(sorted(str(d).removeprefix("torch.") for d in dtypes))  # noqa: E731
+    frozen = {p.dtype for p in policy.parameters() if not p.requires_grad}
+    trained = {p.dtype for p in policy.parameters() if p.requires_grad}
+    compute = compute_dtype(policy)
+    if frozen | trained | {compute} == {compute}:
+        return name({compute})
+    return f"{name(trained)} masters, {name({compute})} compute" + (f", {name(frozen)} frozen base" if frozen else "")
 
 
 def open_run_dir(
@@ -251,7 +254,7 @@ def _reference(cfg: Config, model, device):
     """Context manager factory yielding the reference policy: the base model (LoRA: adapters disabled)."""
     if cfg.model.lora.rank > 0:
         return lambda: _adapters_off(model)
-    ref, _ = load_base(cfg.model.name, next(model.parameters()).dtype)
+    ref, _ = load_base(cfg.model.name, compute_dtype(model))  # frozen: no masters, the dtype the policy computes in
     ref = ref.to(device).eval().requires_grad_(False)
     return lambda: contextlib.nullcontext(ref)
 

@@ -13,6 +13,9 @@ things in thinkrl read whole weights, and each asks here:
 - the gradient norm, which decides whether an update is skipped as non-finite, is one number over all
   shards (`full`), so every rank skips or applies the same update.
 
+Precision is thinkrl's own (`precision_policy`): the shards hold float32 masters, gathered in the compute dtype,
+and gradients reduce-scatter in float32; Accelerate's `mixed_precision` is refused, since it would reduce in bf16.
+
 Accelerate turns its FSDP plugin on for GPUs only; torch's FSDP2 runs on the CPU over gloo too, so on a
 CPU `accelerator()` takes the same prepare() path. That is how the tests run it (tests/test_fsdp.py).
 """
@@ -48,6 +51,7 @@ def accelerator(cpu: bool, cfg=None, **kwargs):
             f"FSDP version {os.environ.get('FSDP_VERSION', '1')} was asked for; thinkrl runs FSDP2 only: set fsdp_version: 2 "
             "in the accelerate config (configs/accelerate/fsdp.yaml has it)"
         )
+    check_mixed_precision()
     if requested() and cfg is not None:
         check_supported(cfg)
     if requested():  # thinkrl/accel's CPU speed-ups repack whole weights, which FSDP holds in shards
@@ -56,7 +60,36 @@ def accelerator(cpu: bool, cfg=None, **kwargs):
     if requested() and acc.state.distributed_type == DistributedType.MULTI_CPU:
         acc.state.fsdp_plugin = FullyShardedDataParallelPlugin()  # reads the FSDP_* variables the launcher set
         acc.state.distributed_type = DistributedType.FSDP
+    if requested() and cfg is not None:
+        acc.state.fsdp_plugin.mixed_precision_policy = precision_policy(cfg, acc.device)
     return acc
+
+
+def check_mixed_precision() -> None:
+    """thinkrl sets precision from its own config (model.dtype, model.master_dtype); Accelerate's
+    mixed_precision would add a second autocast and, under FSDP2, reduce gradients in bfloat16."""
+    setting = os.environ.get("ACCELERATE_MIXED_PRECISION", "no")
+    if setting != "no":
+        raise UserError(
+            f"the accelerate config sets mixed_precision: {setting}; thinkrl sets precision itself (model.dtype computes, "
+            'model.master_dtype holds the trained weights): set mixed_precision: "no" there and e.g. -o model.dtype=bfloat16'
+        )
+
+
+def precision_policy(cfg, device):
+    """FSDP2's MixedPrecisionPolicy for the run: the shards hold the masters (model.master_dtype), each unit's
+    forward and backward run on weights gathered in the compute dtype (model.dtype), and gradients are
+    reduce-scattered in the masters' dtype, so float32 masters are also summed over ranks in float32 (verl's
+    FSDP actor does the same). Compute and masters alike: no casts, as without a policy."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    from thinkrl.models import master_dtype, resolve_dtype
+
+    compute, master = resolve_dtype(cfg.model.dtype, device), master_dtype(cfg.model, device)
+    if compute == master:
+        return MixedPrecisionPolicy()
+    # LoRA too: its frozen base (compute dtype) and float32 adapters are gathered in one dtype
+    return MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=master)
 
 
 def is_sharded(model) -> bool:
