@@ -83,7 +83,10 @@ class PolicySampler:
             self._pairs = [(m, f"base_model.model.{n}", targets[n]) for n, m in layers]
             fixed = _linear_weights(self.model) - {f"{n}.weight" for n, _ in layers}
         else:
-            self.model = copy.deepcopy(policy)
+            # a cast copy is made parameter by parameter in its own dtype: a whole copy in the policy's float32
+            # first would, for a moment, double the largest thing on the device
+            memo = {id(p): nn.Parameter(p.detach().to(cast), requires_grad=False) for p in policy.parameters()} if cast else {}
+            self.model = copy.deepcopy(policy, memo)
             fixed = set()
         self.model.eval().requires_grad_(False)
         if cast is not None:
