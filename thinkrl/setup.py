@@ -171,7 +171,9 @@ def prepare(cfg: Config, method: Method, accelerator, run_dir: Path, ckpt: Path 
     optimizer = torch.optim.AdamW(params, lr=tc.lr, betas=tuple(tc.adam_betas), weight_decay=tc.weight_decay)
     total_updates = tc.steps * tc.mini_batches * tc.epochs
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(tc, total_updates))
-    if ckpt is not None:  # the weights before FSDP shards them: every rank reads the whole file
+    if ckpt is not None and sharding.requested():  # before FSDP shards them: rank 0 reads, the others receive
+        sharding.load_weights(lambda: checkpoint.load_weights(ckpt, policy), policy)
+    elif ckpt is not None:
         checkpoint.load_weights(ckpt, policy)
     # the sampler's own copy is made from the whole weights too; under FSDP it samples with a copy always
     copy = cfg.seeds.enabled or sharding.requested()
@@ -184,8 +186,10 @@ def prepare(cfg: Config, method: Method, accelerator, run_dir: Path, ckpt: Path 
     seed_pool = _seed_pool(cfg, run_dir) if cfg.seeds.enabled else None
     start = 0
     if ckpt is not None:
-        load_optimizer = (lambda state: sharding.load_optimizer(model, optimizer, state)) if sharding.is_sharded(model) else None
-        checkpoint.load_state(ckpt, optimizer, scheduler, method, sampler, seed_pool, load_optimizer)
+        sharded = sharding.is_sharded(model)
+        load_optimizer = (lambda state: sharding.load_optimizer(model, optimizer, state)) if sharded else None
+        read = not sharded or accelerator.is_main_process  # FSDP: rank 0 reads optimizer.pt and broadcasts it
+        checkpoint.load_state(ckpt, optimizer, scheduler, method, sampler, seed_pool, load_optimizer, read)
         start = checkpoint.checkpoint_step(ckpt)  # trainer_state.json agrees with it (intact.verify)
         _use_config_hyperparameters(optimizer, scheduler, tc, total_updates)
         console.print(f"resuming {run_dir} from {ckpt.name}")

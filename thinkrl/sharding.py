@@ -8,8 +8,9 @@ things in thinkrl read whole weights, and each asks here:
 - the sampler (rollout/policy_copy.py) decodes with its own full copy, which it rebuilds from the sharded
   policy once per update by gathering one parameter at a time (`full`); every rank gathers in the same order;
 - checkpoints hold full tensors, as a single process writes them: every rank takes part in the gather and
-  rank 0 writes (`gathered`); resume loads the weights before sharding and the optimizer state after it
-  (`load_optimizer`), so a run resumes at any process count;
+  rank 0 writes (`gathered`); resume reads the files on rank 0 only and broadcasts them, the weights before
+  sharding (`load_weights`) and the optimizer state after it (`load_optimizer`), so a run resumes at any
+  process count;
 - the gradient norm, which decides whether an update is skipped as non-finite, is one number over all
   shards (`full`), so every rank skips or applies the same update.
 
@@ -125,10 +126,35 @@ def gathered(root, optimizer, trainable_only: bool) -> tuple[dict, dict]:
 
 
 def load_optimizer(root, optimizer, state: dict) -> None:
-    """Optimizer state written by `gathered` into this rank's shards."""
+    """Optimizer state written by `gathered`, read on rank 0 only ({} elsewhere), into every rank's shards: rank 0
+    broadcasts it one tensor at a time and each rank keeps its shard, so no other rank reads the whole file
+    (a 7B full fine-tune's is 61 GB of float32 moments)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
-    set_optimizer_state_dict(root, optimizer, optim_state_dict=state, options=StateDictOptions(full_state_dict=True))
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+    set_optimizer_state_dict(root, optimizer, optim_state_dict=state, options=options)
+
+
+def load_weights(load, model) -> None:
+    """A checkpoint's weights into the whole `model` on every rank, before sharding: rank 0 runs `load`, then sends
+    the trainable weights (all a checkpoint changes) to the others one at a time, so they never read the file.
+    A checkpoint rank 0 refuses is the same one-line error on every rank."""
+    dist = torch.distributed
+    failed: Exception | None = None
+    if dist.get_rank() == 0:
+        try:
+            load()
+        except Exception as e:  # any failure: the other ranks must not wait for weights that never come
+            failed = e
+    said = [None if failed is None else str(failed) if isinstance(failed, UserError) else f"rank 0 could not load the checkpoint: {failed}"]
+    dist.broadcast_object_list(said, src=0)
+    if failed is not None:
+        raise failed
+    if said[0] is not None:
+        raise UserError(said[0])
+    for p in model.parameters():
+        if p.requires_grad:
+            dist.broadcast(p.data, src=0)
 
 
 def check_supported(cfg) -> None:
