@@ -69,8 +69,8 @@ class Plan:
     """What the run does, from its config, the engine and the data."""
 
     device: str  # cpu | cuda
-    dtype_bytes: int  # the trainer's element size
-    copy_bytes: int  # the sampling copy's (fp8 keeps the trainer's dtype)
+    dtype_bytes: int  # the trainer's compute element size (model.dtype); trained weights: ModelShape.trainable_bytes
+    copy_bytes: int  # the sampling copy's (fp8 keeps the trainer's compute dtype)
     slots: int  # completions decoded together: min(rollout.batch_size, completions per step)
     prompt_tokens: int  # the longest prompt
     max_new_tokens: int

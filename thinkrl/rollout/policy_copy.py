@@ -12,7 +12,7 @@ thinkrl can produce it on one machine:
                        fp16   a copy cast to float16
                        fp8    linear weights fake-quantised to float8 e4m3 with one scale per output channel
                               (the output head stays as is, as fp8 inference engines do); activations keep
-                              the trainer's dtype
+                              the trainer's compute dtype
     rollout.staleness  k      sample with the trainable weights of k steps ago (a FIFO of snapshots, saved in
                               checkpoints so --resume continues it)
 
