@@ -8,7 +8,8 @@ Rank 0 writes {parameter name: change} and each update's metrics to OUT.pt. The 
 lr 1, so the change is minus the applied gradient: Adam's first step is about lr * sign(gradient) and
 would hide a gradient that is off by a constant factor (a missing world-size scale, say). --adamw: the
 run's AdamW at train.lr instead, whose moments FSDP shards; --steps N: N updates over the same batch;
---nan RANK:STEP: on that rank only, that update's forward returns NaN log-probs (an overflow on one GPU).
+--nan RANK:STEP: on that rank only, that update's forward returns NaN log-probs (an overflow on one GPU);
+--as-run: the policy loaded as a run loads it (models.load_policy) and FSDP2's precision from the config.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from thinkrl.learner.batching import RolloutBatch
 from thinkrl.learner.logprobs import PolicyLogProbs
 from thinkrl.learner.update import UpdateContext, update
 from thinkrl.methods import get_method
-from thinkrl.models import add_lora, load_base, resolve_path
+from thinkrl.models import add_lora, load_base, load_policy, resolve_path
 from thinkrl.rollout.completions import Completions
 from thinkrl.settings import load_config, resolve
 
@@ -50,11 +51,15 @@ def main() -> None:
     overrides = [rest[i + 1] for i in range(len(rest) - 1) if rest[i] == "-o"]
     steps = int(rest[rest.index("--steps") + 1]) if "--steps" in rest else 1
     cfg = resolve(load_config(None, overrides, **{"model.name": model_dir, "method.name": method_name, "output_dir": "unused"}))
-    accelerator = sharding.accelerator(cpu=True)
+    as_run = "--as-run" in rest  # the policy as a run loads it: model.dtype computes, float32 masters
+    accelerator = sharding.accelerator(cpu=True, cfg=cfg if as_run else None)
     rank, world = distributed.world()
     torch.manual_seed(0)
-    base, tok = load_base(resolve_path(model_dir), torch.float32)
-    policy = add_lora(base, cfg.model.lora) if cfg.model.lora.rank > 0 else base
+    if as_run:
+        policy, tok = load_policy(cfg.model, accelerator.device, autocast=not sharding.requested())
+    else:
+        base, tok = load_base(resolve_path(model_dir), torch.float32)
+        policy = add_lora(base, cfg.model.lora) if cfg.model.lora.rank > 0 else base
     with torch.no_grad():  # LoRA's B starts at zero; give it values so every adapter matrix gets a gradient
         for name, p in policy.named_parameters():
             if "lora_B" in name:

@@ -2,6 +2,7 @@
 device, checked against numbers worked by hand from Qwen2.5's shapes (config.json values from the model cards;
 no hub: the directories hold the config and tests/tiny.py's tokenizer, and no weights)."""
 
+import dataclasses
 import json
 import sys
 
@@ -80,12 +81,17 @@ def test_fsdp2_over_8_ranks_shards_every_parameter_as_worked_by_hand(policy7b):
     assert (s.root, s.root_trainable, s.layer, s.layer_trainable) == (ROOT_7B, ROOT_7B, LAYER_7B, LAYER_7B)
     plan = memory.Plan("cuda", 2, 2, 16, 50, 1024, False, False, False, 2, 1, "auto", 10, 3, False)
     got = {p.name: p.bytes for p in layout.trainer_parts(shape, plan, layout.Layout(8, "fsdp2"), s, 0)}
-    assert got["weights"] == got["gradients"] == 951_952_064 * 2  # bfloat16: 1,816 MiB
-    assert got["AdamW moments"] == 2 * 951_952_064 * 2
-    assert got["sampling copy"] == PARAMS_7B * 2  # whole on every rank: 14,526 MiB
-    # root params + grads, two layers' params (running, prefetched) + one layer's grads, all whole, 2 B each
-    assert got["FSDP2 unsharded"] == 2 * (2 * ROOT_7B) + 2 * (2 * LAYER_7B + LAYER_7B) == 5_758_340_096
-    assert "DDP buckets" not in got and "trainable snapshots" not in got
+    assert shape.trainable_bytes == 4  # float32 masters, computing in bfloat16
+    assert got["weights"] == got["gradients"] == 951_952_064 * 4  # 3,631 MiB
+    assert got["AdamW moments"] == 2 * 951_952_064 * 4
+    assert got["sampling copy"] == PARAMS_7B * 2  # bfloat16, whole on every rank: 14,526 MiB
+    # Gathered in bfloat16: root params 2 B + root grads 2 B each, held throughout; then the larger of two layers'
+    # params (running, prefetched) at 2 B + one layer's grads at 2 B and their float32 copy for the reduce-scatter
+    # (10 x LAYER), or the root's float32 copy at the end (4 x ROOT, the larger: the embedding and head are big)
+    assert 4 * ROOT_7B > 10 * LAYER_7B
+    assert got["FSDP2 unsharded"] == 2 * ROOT_7B + 2 * ROOT_7B + 4 * ROOT_7B == 8_719_986_688
+    assert got["CUDA context"] == 512 * MiB and got["NCCL buffers"] == 1024 * MiB  # estimates (preview/memory.py)
+    assert "DDP buckets" not in got and "trainable snapshots" not in got and "vLLM reserve" not in got
 
 
 def test_fsdp2_pads_dim_0_to_a_multiple_of_the_ranks(policy7b):
@@ -102,10 +108,11 @@ def test_7b_full_fine_tune_on_8_fsdp2_processes_prints_memory_per_device(qwen7b)
     out = invoke([*args, "-o", "model.lora.rank=0", "-o", "rollout.prompts_per_step=16", "-o", "rollout.max_new_tokens=1024"]).output
     assert "layout: 8 trainer processes, FSDP2" in out and "2 prompts x 8 per process" in out
     assert "memory estimate per trainer device (x8), GPU memory" in out
-    assert printed(out, "weights") == printed(out, "gradients") == mib(951_952_064 * 2) == "1,816 MiB"
-    assert printed(out, "AdamW moments") == mib(4 * 951_952_064) == "3,631 MiB"
+    assert printed(out, "weights") == printed(out, "gradients") == mib(951_952_064 * 4) == "3,631 MiB"
+    assert printed(out, "AdamW moments") == mib(8 * 951_952_064) == "7,263 MiB"
     assert printed(out, "sampling copy") == mib(2 * PARAMS_7B) == "14,526 MiB"
-    assert printed(out, "FSDP2 unsharded") == mib(5_758_340_096) == "5,492 MiB"
+    assert printed(out, "FSDP2 unsharded") == mib(8 * ROOT_7B) == "8,316 MiB"
+    assert printed(out, "CUDA context") == "512 MiB" and printed(out, "NCCL buffers") == "1,024 MiB"
     assert "16 slots" in out  # KV cache: the rank's 2 prompts x 8 completions
 
 
@@ -115,7 +122,7 @@ def test_ddp_and_a_vllm_server_split_the_7b_as_worked_by_hand(policy7b):
     _, shape = policy7b
     plan = memory.Plan("cuda", 2, 2, 32, 50, 1024, False, False, False, 2, 1, "auto", 10, 3, False)
     ddp = {p.name: p.bytes for p in layout.trainer_parts(shape, plan, layout.Layout(4, "none", server_devices=2), None, 0)}
-    assert ddp["weights"] == ddp["gradients"] == ddp["DDP buckets"] == PARAMS_7B * 2
+    assert ddp["weights"] == ddp["gradients"] == ddp["DDP buckets"] == PARAMS_7B * 4  # float32 masters and their grads
     assert ddp["sampling copy"] == ddp["KV cache"] == 0  # the server holds them
     server = {p.name: p.bytes for p in layout.server_parts(shape, plan, layout.Layout(4, "none", 2), slots=64)}
     assert server["sampling weights"] == PARAMS_7B  # 2 B each, over 2 devices
@@ -129,6 +136,24 @@ def test_the_1_5b_lora_on_one_gpu_keeps_the_single_process_report(tmp_path):
     assert printed(out, "weights") == mib(PARAMS_1_5B * 2 + LORA_1_5B * 4) == "3,015 MiB"  # adapters stay float32
     assert printed(out, "sampling copy") == mib(PARAMS_1_5B * 2) == "2,944 MiB"  # the merged copy
     assert printed(out, "grads + AdamW state") == mib(LORA_1_5B * 4 * 4) == "282 MiB"  # grads, 2 moments, adapter copy
+    assert printed(out, "CUDA context") == "512 MiB" and "NCCL buffers" not in out  # one process: no collectives
+
+
+def test_a_colocated_vllm_reserves_its_share_of_the_device_and_gives_it_back_while_it_sleeps(policy7b, monkeypatch):
+    """rollout.engine=vllm in the trainer: vLLM's share (rollout.vllm.memory, 0 = 0.3) of an 80 GiB device when the
+    plan is made without a GPU; its KV cache is inside that share; with vllm.sleep it is a generation-phase part."""
+    _, shape = policy7b
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    cfg = Config()
+    assert dry_run.vllm_reserve(cfg, torch.device("cuda")) == int(0.3 * 80 * 2**30)  # 24 GiB
+    cfg.rollout.vllm.memory = 0.5
+    assert dry_run.vllm_reserve(cfg, torch.device("cuda")) == 40 * 2**30
+    assert dry_run.vllm_reserve(cfg, torch.device("cpu")) == 0
+    plan = memory.Plan("cuda", 2, 2, 16, 50, 1024, False, False, False, 2, 1, "auto", 10, 3, False, 40 * 2**30)
+    got = {p.name: p for p in memory.parts(shape, plan, 0)}
+    assert (got["vLLM reserve"].bytes, got["vLLM reserve"].phase, got["KV cache"].bytes) == (40 * 2**30, "generation", 0)
+    awake = {p.name: p for p in memory.parts(shape, dataclasses.replace(plan, vllm_sleeps=False), 0)}
+    assert awake["vLLM reserve"].phase == "held"
 
 
 def test_layout_flags_are_checked_before_anything_loads():

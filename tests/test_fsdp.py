@@ -78,6 +78,17 @@ def test_a_nan_on_one_rank_skips_that_update_on_every_rank(tiny_model_dir, tmp_p
         assert torch.equal(nan["delta"][name], delta), name  # no shard moved in update 2
 
 
+def test_fsdp2_float32_masters_gathered_in_bfloat16_take_an_update_at_lr_1e_6(tiny_model_dir, tmp_path):
+    """A full fine-tune computing in bfloat16 under FSDP2 (sharding.precision_policy: float32 shards gathered in
+    bfloat16, gradients reduce-scattered in float32): one AdamW update at lr 1e-6 moves almost every weight, as
+    one process under autocast does (tests/test_master_weights.py); pure bfloat16 would move about 2%."""
+    args = ("--adamw", "--as-run", *("-o", "model.dtype=bfloat16", "-o", "model.lora.rank=0", "-o", "train.lr=1e-6"))
+    two = update_run(str(tiny_model_dir), tmp_path / "two.pt", *args, sharded=True)
+    assert two["sharded"] and two["metrics"]["update/optimizer_steps"] == 1
+    moved = sum(int((d != 0).sum()) for d in two["delta"].values()) / sum(d.numel() for d in two["delta"].values())
+    assert moved > 0.9, moved
+
+
 def train_args(model: str, out: Path, lora: str) -> list[str]:
     settings = ["train.steps=3", "rollout.prompts_per_step=2", "rollout.group_size=4", "rollout.max_new_tokens=12"]
     settings += ["verifier.workers=1", "train.save_every=1", f"model.lora.rank={lora}", REWARDS]

@@ -34,8 +34,8 @@ def bf16_run(tiny_model_dir, tmp_path_factory):
 
 def test_training_in_bfloat16_with_the_speedups_off(bf16_run):
     out, output = bf16_run
-    # the frozen base weights are bfloat16; peft keeps the LoRA adapters it trains in float32
-    assert "on cpu in bfloat16 (trainable parameters float32)" in output, output
+    # the frozen base weights are bfloat16; peft keeps the LoRA adapters it trains (the masters) in float32
+    assert "on cpu in float32 masters, bfloat16 compute, bfloat16 frozen base" in output, output
     assert "sampling: engine lean (auto on a CPU): fused decoder" in output, output
     metrics = read_jsonl(out / "metrics.jsonl")
     assert [m["step"] for m in metrics] == [1, 2]
@@ -64,14 +64,17 @@ def test_eval_of_the_bfloat16_run_as_a_gpu_loads_it(bf16_run, monkeypatch):
     assert len(samples) == 4 and all(isinstance(s["completion"], str) for s in samples)
 
 
-def test_full_fine_tuning_saves_bfloat16_weights(tiny_model_dir, tmp_path, monkeypatch):
-    """lora.rank=0: every weight trains in bfloat16 and the checkpoint keeps that dtype."""
+@pytest.mark.parametrize("masters,said,saved", [("float32", "float32 masters, bfloat16 compute,", "F32"), ("same", "bfloat16,", "BF16")])
+def test_full_fine_tuning_saves_its_master_weights(tiny_model_dir, tmp_path, monkeypatch, masters, said, saved):
+    """lora.rank=0 computing in bfloat16: the checkpoint keeps the weights as trained, float32 masters by default,
+    bfloat16 with model.master_dtype=same."""
     from safetensors import safe_open
 
     monkeypatch.setenv("THINKRL_ACCEL", "0")
     out = tmp_path / "run"
-    result = invoke(tiny_args(tiny_model_dir, out, 1, "-o", "model.dtype=bfloat16", "-o", "model.lora.rank=0", "-o", "train.lr=1e-3"))
-    assert "on cpu in bfloat16," in result.output, result.output
+    overrides = ("model.dtype=bfloat16", "model.lora.rank=0", "train.lr=1e-3", f"model.master_dtype={masters}")
+    result = invoke(tiny_args(tiny_model_dir, out, 1, *(x for o in overrides for x in ("-o", o))))
+    assert f"on cpu in {said}" in result.output, result.output
     assert math.isfinite(read_jsonl(out / "metrics.jsonl")[0]["loss"])
     with safe_open(str(out / "checkpoints" / "step-1" / "model" / "model.safetensors"), "pt") as f:
-        assert {f.get_slice(k).get_dtype() for k in f.keys()} == {"BF16"}
+        assert {f.get_slice(k).get_dtype() for k in f.keys()} == {saved}

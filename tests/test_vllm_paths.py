@@ -52,7 +52,7 @@ def test_train_and_eval_in_bfloat16_on_vllm(tmp_path, monkeypatch, vllm_dtypes):
     monkeypatch.setenv("THINKRL_ACCEL", "0")
     model_dir, out = build_tiny_model(tmp_path / "model", heads=2, head_dim=32), tmp_path / "run"
     said = invoke(tiny_args(model_dir, out, 2, "-o", "rollout.engine=vllm", "-o", "model.dtype=bfloat16")).output
-    assert "on cpu in bfloat16 (trainable parameters float32)" in said, said
+    assert "on cpu in float32 masters, bfloat16 compute, bfloat16 frozen base" in said, said
     assert "sampling: engine vllm (set by rollout.engine): vLLM" in said, said
     metrics = read_jsonl(out / "metrics.jsonl")
     assert [m["step"] for m in metrics] == [1, 2]

@@ -118,9 +118,20 @@ def resolve_path(name: str) -> str:
 
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    """model.dtype, the compute dtype: auto is bfloat16 on CUDA, float32 elsewhere."""
     if dtype == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     return getattr(torch, dtype)
+
+
+def master_dtype(cfg: ModelConfig, device: torch.device) -> torch.dtype:
+    """The trained weights' dtype (model.master_dtype), which AdamW's moments take too."""
+    return resolve_dtype(cfg.dtype, device) if cfg.master_dtype == "same" else torch.float32
+
+
+def compute_dtype(model) -> torch.dtype:
+    """The dtype `model`'s forwards compute in: what load_policy set, else its weights'."""
+    return model.__dict__.get("thinkrl_compute_dtype") or next(model.parameters()).dtype
 
 
 def load_tokenizer(path: str):
@@ -165,15 +176,16 @@ def _load_hint(path: str) -> str:
     )
 
 
-def add_lora(model, lora: LoraConfig):
-    """Wrap with peft LoRA; an error names the target modules when none matches."""
+def add_lora(model, lora: LoraConfig, float32_adapters: bool = True):
+    """Wrap with peft LoRA; an error names the target modules when none matches. peft makes the adapters
+    float32 over a lower-precision base unless `float32_adapters` is off (model.master_dtype=same)."""
     from peft import LoraConfig as PeftLoraConfig
     from peft import get_peft_model
 
     targets = lora.target_modules[0] if lora.target_modules == ["all-linear"] else lora.target_modules
     peft_cfg = PeftLoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=targets, task_type="CAUSAL_LM")
     try:
-        return get_peft_model(model, peft_cfg)
+        return get_peft_model(model, peft_cfg, autocast_adapter_dtype=float32_adapters)
     except ValueError as e:  # peft: no module matched, or one it cannot adapt (a norm layer, say)
         names = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)})
         raise UserError(
@@ -187,14 +199,46 @@ def _first_sentence(e: Exception) -> str:
     return re.split(r"\.\s", str(e).strip().splitlines()[0], maxsplit=1)[0].rstrip(".")[:200]
 
 
-def load_policy(cfg: ModelConfig, device: torch.device):
+def load_policy(cfg: ModelConfig, device: torch.device, autocast: bool = True):
     """Trainable policy (LoRA-wrapped unless lora.rank == 0) and its tokenizer. Activation checkpointing is
-    the training forward's own (thinkrl/learner/logprobs.py), not transformers' flag."""
-    model, tok = load_base(cfg.name, resolve_dtype(cfg.dtype, device))
+    the training forward's own (thinkrl/learner/logprobs.py), not transformers' flag.
+
+    Precision (docs/distributed.md): the trained weights are masters in model.master_dtype and the forwards
+    compute in model.dtype. LoRA keeps its frozen base in the compute dtype (peft computes the float32
+    adapters itself). A full fine-tune holds every weight as a master; with `autocast` (one process or DDP)
+    its decoder body runs under torch.autocast in the compute dtype, while under FSDP2 the sharding's
+    MixedPrecisionPolicy casts instead (thinkrl/sharding.py)."""
+    compute, master = resolve_dtype(cfg.dtype, device), master_dtype(cfg, device)
+    model, tok = load_base(cfg.name, master if cfg.lora.rank == 0 else compute)
     if cfg.lora.rank > 0:
-        model = add_lora(model, cfg.lora)
+        model = add_lora(model, cfg.lora, float32_adapters=cfg.master_dtype == "float32")
+    elif autocast and compute != master:
+        autocast_body(model, compute)
     model.config.use_cache = False  # the training forward never needs a KV cache
+    model.__dict__["thinkrl_compute_dtype"] = compute  # set past nn.Module's registry: a plain attribute
     return model.to(device), tok
+
+
+def autocast_body(model, dtype: torch.dtype) -> None:
+    """Run `model`'s decoder body under torch.autocast(dtype) whenever its weights are in another dtype.
+
+    Hooks on the body, not a replaced forward: every caller of the body (training forward, pi_old, eval,
+    a decoder) gets it, and a deepcopy (the sampler's copy) keeps hooks that act on the copy itself. A copy
+    cast to `dtype` needs no autocast, so the hook checks the weights' dtype at each call. The output head
+    runs outside, on the float32 master weights (its logits are float32 anyway)."""
+    body = model.get_decoder()
+
+    def enter(module, _args) -> None:
+        weight = next(module.parameters())
+        ctx = torch.autocast(weight.device.type, dtype) if weight.dtype != dtype else contextlib.nullcontext()
+        ctx.__enter__()
+        module.__dict__.setdefault("_thinkrl_autocast", []).append(ctx)
+
+    def leave(module, _args, _output) -> None:
+        module.__dict__["_thinkrl_autocast"].pop().__exit__(None, None, None)
+
+    body.register_forward_pre_hook(enter)
+    body.register_forward_hook(leave, always_call=True)  # exits the autocast even when the forward raises
 
 
 @contextlib.contextmanager

@@ -26,7 +26,7 @@ from thinkrl.errors import UserError
 from thinkrl.learner.logprobs import PolicyLogProbs
 from thinkrl.learner.update import UpdateContext
 from thinkrl.methods import Method
-from thinkrl.models import load_base, load_policy, load_tokenizer, parameter_counts, resolve_path
+from thinkrl.models import compute_dtype, load_base, load_policy, load_tokenizer, parameter_counts, resolve_path
 from thinkrl.rollout.engines import Engine, check_engine, describe_path, engine_for_run
 from thinkrl.rollout.policy_copy import PolicySampler
 from thinkrl.run import checkpoint, faults, resume
@@ -161,7 +161,7 @@ def prepare(cfg: Config, method: Method, accelerator, run_dir: Path, ckpt: Path 
     rewards = RewardSet(cfg.reward.functions, cfg.reward.max_failure_share)  # one that cannot be imported or called fails here
     device = accelerator.device
     reseed(cfg.train.seed, 0, device)  # the loop's rule: the LoRA init is part of the run's seed
-    policy, tok = load_policy(cfg.model, device)
+    policy, tok = load_policy(cfg.model, device, autocast=not sharding.requested())  # FSDP2 casts itself (sharding.py)
     trainable, total = parameter_counts(policy)
     console.print(
         f"model: {cfg.model.name} on {device} in {weight_dtypes(policy)}, {trainable:,} of {total:,} parameters trainable", soft_wrap=True
@@ -171,7 +171,9 @@ def prepare(cfg: Config, method: Method, accelerator, run_dir: Path, ckpt: Path 
     optimizer = torch.optim.AdamW(params, lr=tc.lr, betas=tuple(tc.adam_betas), weight_decay=tc.weight_decay)
     total_updates = tc.steps * tc.mini_batches * tc.epochs
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(tc, total_updates))
-    if ckpt is not None:  # the weights before FSDP shards them: every rank reads the whole file
+    if ckpt is not None and sharding.requested():  # before FSDP shards them: rank 0 reads, the others receive
+        sharding.load_weights(lambda: checkpoint.load_weights(ckpt, policy), policy)
+    elif ckpt is not None:
         checkpoint.load_weights(ckpt, policy)
     # the sampler's own copy is made from the whole weights too; under FSDP it samples with a copy always
     copy = cfg.seeds.enabled or sharding.requested()
@@ -184,8 +186,10 @@ def prepare(cfg: Config, method: Method, accelerator, run_dir: Path, ckpt: Path 
     seed_pool = _seed_pool(cfg, run_dir) if cfg.seeds.enabled else None
     start = 0
     if ckpt is not None:
-        load_optimizer = (lambda state: sharding.load_optimizer(model, optimizer, state)) if sharding.is_sharded(model) else None
-        checkpoint.load_state(ckpt, optimizer, scheduler, method, sampler, seed_pool, load_optimizer)
+        sharded = sharding.is_sharded(model)
+        load_optimizer = (lambda state: sharding.load_optimizer(model, optimizer, state)) if sharded else None
+        read = not sharded or accelerator.is_main_process  # FSDP: rank 0 reads optimizer.pt and broadcasts it
+        checkpoint.load_state(ckpt, optimizer, scheduler, method, sampler, seed_pool, load_optimizer, read)
         start = checkpoint.checkpoint_step(ckpt)  # trainer_state.json agrees with it (intact.verify)
         _use_config_hyperparameters(optimizer, scheduler, tc, total_updates)
         console.print(f"resuming {run_dir} from {ckpt.name}")
@@ -198,13 +202,16 @@ def prepare(cfg: Config, method: Method, accelerator, run_dir: Path, ckpt: Path 
 
 
 def weight_dtypes(policy) -> str:
-    """The dtype the weights are in (model.dtype; auto is bfloat16 on CUDA), and the trainable ones' where it
-    differs: peft keeps LoRA adapters in float32 over a bfloat16 base."""
-    frozen = {str(p.dtype).removeprefix("torch.") for p in policy.parameters() if not p.requires_grad}
-    trained = {str(p.dtype).removeprefix("torch.") for p in policy.parameters() if p.requires_grad}
-    if not frozen or not trained or frozen == trained:
-        return ", ".join(sorted(frozen | trained))
-    return f"{', '.join(sorted(frozen))} (trainable parameters {', '.join(sorted(trained))})"
+    """The dtypes a run trains in: one name when weights and compute agree (float32 on a CPU), else the
+    trained weights' (masters, model.master_dtype), the compute dtype (model.dtype) and LoRA's frozen base:
+    'float32 masters, bfloat16 compute' (a full fine-tune on CUDA), '..., bfloat16 frozen base' (LoRA)."""
+    name = lambda dtypes: ", ".join(sorted(str(d).removeprefix("torch.") for d in dtypes))  # noqa: E731
+    frozen = {p.dtype for p in policy.parameters() if not p.requires_grad}
+    trained = {p.dtype for p in policy.parameters() if p.requires_grad}
+    compute = compute_dtype(policy)
+    if frozen | trained | {compute} == {compute}:
+        return name({compute})
+    return f"{name(trained)} masters, {name({compute})} compute" + (f", {name(frozen)} frozen base" if frozen else "")
 
 
 def open_run_dir(
@@ -255,7 +262,7 @@ def _reference(cfg: Config, root, accelerator):
     if cfg.model.lora.rank > 0:
         return lambda: _adapters_off(root, accelerator.unwrap_model(root).policy)
     policy = accelerator.unwrap_model(root).policy
-    ref, _ = load_base(cfg.model.name, next(policy.parameters()).dtype)
+    ref, _ = load_base(cfg.model.name, compute_dtype(policy))  # frozen: no masters, the dtype the policy computes in
     ref_root = PolicyLogProbs(ref.to(accelerator.device).eval().requires_grad_(False))
     if sharding.is_sharded(root):
         ref_root = sharding.shard_frozen(ref_root, root, accelerator)

@@ -8,10 +8,14 @@ things in thinkrl read whole weights, and each asks here:
 - the sampler (rollout/policy_copy.py) decodes with its own full copy, which it rebuilds from the sharded
   policy once per update by gathering one parameter at a time (`full`); every rank gathers in the same order;
 - checkpoints hold full tensors, as a single process writes them: every rank takes part in the gather and
-  rank 0 writes (`gathered`); resume loads the weights before sharding and the optimizer state after it
-  (`load_optimizer`), so a run resumes at any process count;
+  rank 0 writes (`gathered`); resume reads the files on rank 0 only and broadcasts them, the weights before
+  sharding (`load_weights`) and the optimizer state after it (`load_optimizer`), so a run resumes at any
+  process count;
 - the gradient norm, which decides whether an update is skipped as non-finite, is one number over all
   shards (`full`), so every rank skips or applies the same update.
+
+Precision is thinkrl's own (`precision_policy`): the shards hold float32 masters, gathered in the compute dtype,
+and gradients reduce-scatter in float32; Accelerate's `mixed_precision` is refused, since it would reduce in bf16.
 
 Accelerate turns its FSDP plugin on for GPUs only; torch's FSDP2 runs on the CPU over gloo too, so on a
 CPU `accelerator()` takes the same prepare() path. That is how the tests run it (tests/test_fsdp.py).
@@ -48,6 +52,7 @@ def accelerator(cpu: bool, cfg=None, **kwargs):
             f"FSDP version {os.environ.get('FSDP_VERSION', '1')} was asked for; thinkrl runs FSDP2 only: set fsdp_version: 2 "
             "in the accelerate config (configs/accelerate/fsdp.yaml has it)"
         )
+    check_mixed_precision()
     if requested() and cfg is not None:
         check_supported(cfg)
     if requested():  # thinkrl/accel's CPU speed-ups repack whole weights, which FSDP holds in shards
@@ -58,7 +63,36 @@ def accelerator(cpu: bool, cfg=None, **kwargs):
         # in both shared states, as Accelerate does for an accelerator: every AcceleratorState() (prepare() makes
         # some) copies PartialState's over its own, and a later prepare() would wrap the model in DDP instead
         acc.state.distributed_type = PartialState._shared_state["distributed_type"] = DistributedType.FSDP
+    if requested() and cfg is not None:
+        acc.state.fsdp_plugin.mixed_precision_policy = precision_policy(cfg, acc.device)
     return acc
+
+
+def check_mixed_precision() -> None:
+    """thinkrl sets precision from its own config (model.dtype, model.master_dtype); Accelerate's
+    mixed_precision would add a second autocast and, under FSDP2, reduce gradients in bfloat16."""
+    setting = os.environ.get("ACCELERATE_MIXED_PRECISION", "no")
+    if setting != "no":
+        raise UserError(
+            f"the accelerate config sets mixed_precision: {setting}; thinkrl sets precision itself (model.dtype computes, "
+            'model.master_dtype holds the trained weights): set mixed_precision: "no" there and e.g. -o model.dtype=bfloat16'
+        )
+
+
+def precision_policy(cfg, device):
+    """FSDP2's MixedPrecisionPolicy for the run: the shards hold the masters (model.master_dtype), each unit's
+    forward and backward run on weights gathered in the compute dtype (model.dtype), and gradients are
+    reduce-scattered in the masters' dtype, so float32 masters are also summed over ranks in float32 (verl's
+    FSDP actor does the same). Compute and masters alike: no casts, as without a policy."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    from thinkrl.models import master_dtype, resolve_dtype
+
+    compute, master = resolve_dtype(cfg.model.dtype, device), master_dtype(cfg.model, device)
+    if compute == master:
+        return MixedPrecisionPolicy()
+    # LoRA too: its frozen base (compute dtype) and float32 adapters are gathered in one dtype
+    return MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=master)
 
 
 def is_sharded(model) -> bool:
@@ -112,10 +146,35 @@ def gathered(root, optimizer, trainable_only: bool) -> tuple[dict, dict]:
 
 
 def load_optimizer(root, optimizer, state: dict) -> None:
-    """Optimizer state written by `gathered` into this rank's shards."""
+    """Optimizer state written by `gathered`, read on rank 0 only ({} elsewhere), into every rank's shards: rank 0
+    broadcasts it one tensor at a time and each rank keeps its shard, so no other rank reads the whole file
+    (a 7B full fine-tune's is 61 GB of float32 moments)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
-    set_optimizer_state_dict(root, optimizer, optim_state_dict=state, options=StateDictOptions(full_state_dict=True))
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+    set_optimizer_state_dict(root, optimizer, optim_state_dict=state, options=options)
+
+
+def load_weights(load, model) -> None:
+    """A checkpoint's weights into the whole `model` on every rank, before sharding: rank 0 runs `load`, then sends
+    the trainable weights (all a checkpoint changes) to the others one at a time, so they never read the file.
+    A checkpoint rank 0 refuses is the same one-line error on every rank."""
+    dist = torch.distributed
+    failed: Exception | None = None
+    if dist.get_rank() == 0:
+        try:
+            load()
+        except Exception as e:  # any failure: the other ranks must not wait for weights that never come
+            failed = e
+    said = [None if failed is None else str(failed) if isinstance(failed, UserError) else f"rank 0 could not load the checkpoint: {failed}"]
+    dist.broadcast_object_list(said, src=0)
+    if failed is not None:
+        raise failed
+    if said[0] is not None:
+        raise UserError(said[0])
+    for p in model.parameters():
+        if p.requires_grad:
+            dist.broadcast(p.data, src=0)
 
 
 def check_supported(cfg) -> None:

@@ -45,7 +45,10 @@ class ModelConfig:
     name: str = "smollm2-135m"
     """Hub id, local directory, or the alias smollm2-135m (bundled SmolLM2-135M-Instruct)."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
-    """Trainer dtype; auto = float32 on CPU, bfloat16 on CUDA."""
+    """Compute dtype: the forwards' matmuls and LoRA's frozen base; auto = float32 on CPU, bfloat16 on CUDA."""
+    master_dtype: Literal["float32", "same"] = "float32"
+    """Dtype of the trained weights and so of AdamW's moments: float32 masters (a bfloat16 weight cannot take an
+    update of lr 1e-6, docs/distributed.md), or same = model.dtype (pure bfloat16: less memory, most updates lost)."""
     lora: LoraConfig = field(default_factory=LoraConfig)
 
 

@@ -47,6 +47,7 @@ def dry_run(cfg: Config, layout: Layout | None = None) -> None:
     prompts, _ = prepare_data(cfg, tok, model_context(config, tok))  # the run's checks, and its "data:" line
     dtype = resolve_dtype(cfg.model.dtype, device)
     policy, sampling = meta_models(cfg, config, dtype, copy_always=fsdp2)  # setup.py: under FSDP it samples with a copy
+    colocated = False
     if layout.server_devices:
         print(f"sampling: a vLLM server on {layout.server_devices} devices (tensor parallel), sent the weights after each update")
         fused = False
@@ -55,16 +56,18 @@ def dry_run(cfg: Config, layout: Layout | None = None) -> None:
         path = describe_path(engine, sampling)
         print(f"sampling: {path.line()}")
         fused = path.decoder == "fused decoder"
+        colocated = path.engine == "vllm"
     shape = model_shape(config, policy, sampling)
     longest = max(len(p.ids) for p in prompts)
     baseline = memory.BASELINE_CPU if device.type == "cpu" else memory.BASELINE_CUDA
+    reserve = vllm_reserve(cfg, device) if colocated else 0
     if layout.single:
-        plan = run_plan(cfg, method, device, dtype, sampling, policy, longest, fused)
+        plan = replace(run_plan(cfg, method, device, dtype, sampling, policy, longest, fused), vllm_reserve=reserve)
         print(memory.report(memory.parts(shape, plan, baseline), device.type))
     else:
         n = layout.processes
         share = replace(cfg, rollout=replace(rc, prompts_per_step=rc.prompts_per_step // n))  # each rank's prompts
-        plan = run_plan(share, method, device, dtype, sampling, policy, longest, fused)
+        plan = replace(run_plan(share, method, device, dtype, sampling, policy, longest, fused), vllm_reserve=reserve)
         if fsdp2:  # train.py turns the CPU speed-ups off under FSDP: they repack whole weights
             plan = replace(plan, packs=False, packs_copy=False)
         print(f"layout: {layout.line()}; {rc.prompts_per_step // n} prompts x {rc.group_size} per process")
@@ -75,6 +78,15 @@ def dry_run(cfg: Config, layout: Layout | None = None) -> None:
             parts = placing.server_parts(shape, plan, layout, slots)
             print(memory.report(parts, device.type, f"per server device (x{layout.server_devices}; vLLM's workspace not counted)"))
     print("dry run: no weights loaded, no run directory written")
+
+
+def vllm_reserve(cfg: Config, device: torch.device) -> int:
+    """Bytes an in-process vLLM reserves on CUDA: rollout.vllm.memory (0: 0.3, engines/vllm.py) of this device, or
+    of memory.ASSUMED_DEVICE when the plan is made without a GPU (on a CPU its share is of RAM: left out)."""
+    if device.type != "cuda":
+        return 0
+    total = torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else memory.ASSUMED_DEVICE
+    return int((cfg.rollout.vllm.memory or 0.3) * total)
 
 
 def plan_device(asked: str) -> torch.device:
@@ -112,15 +124,18 @@ def model_files(name: str):
 
 
 def meta_models(cfg: Config, config, dtype: torch.dtype, copy_always: bool = False):
-    """The policy (LoRA-wrapped as models.load_policy makes it) and the model its rollouts sample with
+    """The policy (LoRA-wrapped, masters and compute dtype `dtype` as models.load_policy makes it) and the model its rollouts sample with
     (policy_copy.PolicySampler; `copy_always` as setup.py passes it), on the meta device: shapes and dtypes
     without any memory."""
     from transformers import AutoModelForCausalLM
 
+    full = cfg.model.lora.rank == 0
+    master = dtype if cfg.model.master_dtype == "same" else torch.float32  # models.master_dtype, for `dtype` computing
     with torch.device("meta"):
-        policy = AutoModelForCausalLM.from_config(config, dtype=dtype)
-        if cfg.model.lora.rank > 0:
-            policy = add_lora(policy, cfg.model.lora)
+        policy = AutoModelForCausalLM.from_config(config, dtype=master if full else dtype)
+        if not full:
+            policy = add_lora(policy, cfg.model.lora, float32_adapters=cfg.model.master_dtype == "float32")
+        policy.__dict__["thinkrl_compute_dtype"] = dtype  # as load_policy marks it: the sampler copies to it
         sampler = PolicySampler(policy, cfg.rollout.precision, cfg.rollout.staleness, copy_always=cfg.seeds.enabled or copy_always)
     return policy, sampler.model
 
@@ -183,4 +198,5 @@ def run_plan(cfg: Config, method, device, dtype, sampling, policy, prompt_tokens
         steps=tc.steps,
         trainable_copies=3 + (1 if lora else 0) + (rc.staleness + 1 if rc.staleness else 0),
         reference="ref_logp" in method.requires and not lora,
+        vllm_sleeps=rc.vllm.sleep,
     )

@@ -14,10 +14,11 @@ will not fit is found on a laptop before any GPU is rented.
                        devices hold no sampling copy and no key/value cache; each server device holds 1/M
                        of the sampling weights and of the key/value heads
 
-Everything is per device: activations and key/value cache are those of one rank's prompts. Not counted:
-the optimizer step's temporaries (AdamW's foreach ops), the one full parameter the sampler's refresh
-gathers at a time, NCCL buffers, and on a vLLM server its workspace and CUDA graphs (vLLM reserves
-rollout.vllm.memory of the device whatever the model needs).
+Everything is per device: activations and key/value cache are those of one rank's prompts. The CUDA context,
+NCCL's buffers and a colocated vLLM's reserve are memory.device_parts'. Not counted: the optimizer step's
+temporaries (AdamW's foreach ops), the one full parameter the sampler's refresh gathers at a time, the caching
+allocator's slack, and on a vLLM server its workspace and CUDA graphs (vLLM reserves rollout.vllm.memory of the
+device whatever the model needs).
 """
 
 from __future__ import annotations
@@ -26,7 +27,17 @@ import math
 from dataclasses import dataclass
 
 from thinkrl.errors import UserError
-from thinkrl.preview.memory import ModelShape, Part, Plan, kv_bytes, kv_part, logits_bytes, pass_activations, prompt_activations
+from thinkrl.preview.memory import (
+    ModelShape,
+    Part,
+    Plan,
+    device_parts,
+    kv_bytes,
+    kv_part,
+    logits_bytes,
+    pass_activations,
+    prompt_activations,
+)
 
 SHARDINGS = ("none", "fsdp2")
 DEVICES = ("auto", "cpu", "cuda")
@@ -146,12 +157,21 @@ def _bytes(elements: int, trainable: int, p: Plan, m: ModelShape) -> int:
 def unsharded(m: ModelShape, p: Plan, s: Sharded) -> Part:
     """What FSDP2 holds whole during a training pass, at most: the root unit's parameters (all-gathered for the
     whole forward, which runs inside it, and again for the whole backward) and its gradients (reduce-scattered
-    only when the embedding's, the last, arrive); two decoder layers' parameters (the one running and the next,
-    prefetched) and one layer's gradients before their reduce-scatter."""
-    root = _bytes(s.root, s.root_trainable, p, m) + s.root_trainable * m.trainable_bytes
-    layers = 2 * _bytes(s.layer, s.layer_trainable, p, m) + s.layer_trainable * m.trainable_bytes
+    only when the embedding's, the last, arrive); and the larger of two decoder layers' parameters (the one
+    running and the next, prefetched) with one layer's gradients before their reduce-scatter, and the root's
+    own reduce-scatter at the end. Masters in another dtype than the compute's (sharding.precision_policy):
+    parameters are gathered and gradients made in the compute dtype, then copied to the masters' dtype to be
+    reduce-scattered, so each reduce holds the unit's gradients twice."""
+    mixed = p.dtype_bytes != m.trainable_bytes
+    gathered = lambda e, t: e * p.dtype_bytes if mixed else _bytes(e, t, p, m)  # noqa: E731
+    grad = p.dtype_bytes if mixed else m.trainable_bytes  # per trainable element, as autograd makes it
+    copy = m.trainable_bytes if mixed else 0  # the reduce dtype's copy
+    root = gathered(s.root, s.root_trainable) + s.root_trainable * grad
+    layers = 2 * gathered(s.layer, s.layer_trainable) + s.layer_trainable * (grad + copy)
     how = f"whole: root unit {s.root:,} + {s.root_trainable:,} grads; 2 layers of {s.layer:,} + {s.layer_trainable:,} grads"
-    return Part("FSDP2 unsharded", "update", root + layers, how)
+    if mixed:
+        how = how.replace("whole:", f"whole, {p.dtype_bytes} B each:") + f" and their {copy} B reduce copy, or the root's copy if larger"
+    return Part("FSDP2 unsharded", "update", root + max(layers, s.root_trainable * copy), how)
 
 
 def trainer_parts(m: ModelShape, p: Plan, layout: Layout, s: Sharded | None, baseline: int) -> list[Part]:
@@ -159,6 +179,7 @@ def trainer_parts(m: ModelShape, p: Plan, layout: Layout, s: Sharded | None, bas
     `s` the FSDP2 shards (None: DDP)."""
     n, tb, server = layout.processes, m.trainable_bytes, layout.server_devices
     out = [Part("process baseline", "held", baseline, "measured: python, torch, transformers, tokenizer (preview/memory.py)")]
+    out += device_parts(p, n)
     add = lambda *a: out.append(Part(*a))  # noqa: E731
     frozen, trained = (s.frozen, s.trainable) if s else (m.params - m.trainable, m.trainable)
     each, sharded_ = (f"ceil(dim0 / {n}) x rest of each: ", ", sharded") if s else ("", "")

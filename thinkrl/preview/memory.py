@@ -24,9 +24,17 @@ MiB = 2**20
 # accelerate, the tokenizer, the prompts and the allocator. Measured twice (404.6 and 404.8 MiB) on the
 # project's 2-core x86_64 machine, torch 2.13 CPU, transformers 5.25 (docs/benchmarks.md, dry-run section).
 BASELINE_CPU = 405 * MiB
-# On CUDA the figure is torch.cuda.max_memory_allocated (what bench/bench_trl.py reports): the CUDA context
-# (several hundred MB more in nvidia-smi) and the process's RAM are outside it.
+# On CUDA the tensors are the parts below, and what the device holds besides them is listed as parts of its own
+# (device_parts): the CUDA context, NCCL's buffers, a colocated vLLM's reserve. The process's RAM is outside it.
 BASELINE_CUDA = 0
+# Estimates, not measured here (no GPU): a torch process's CUDA context with lazy module loading (CUDA 11.7+, the
+# default) and cuBLAS's workspace come to about 0.5 GiB in nvidia-smi beside torch's own allocations.
+CUDA_CONTEXT = 512 * MiB
+# NCCL's channel buffers once collectives have run: reported at about 1.06 GB per GPU on 8 x H100 before any
+# all-to-all (NVIDIA/nccl#1685) and about 1.6 GB for one communicator after an all-reduce (NVIDIA/nccl#864).
+NCCL_BUFFERS = 1024 * MiB
+# The device a colocated vLLM's share (rollout.vllm.memory) is of, when the plan is made without a GPU: an H100's 80 GiB
+ASSUMED_DEVICE = 80 * 2**30
 
 
 @dataclass(frozen=True)
@@ -61,8 +69,8 @@ class Plan:
     """What the run does, from its config, the engine and the data."""
 
     device: str  # cpu | cuda
-    dtype_bytes: int  # the trainer's element size
-    copy_bytes: int  # the sampling copy's (fp8 keeps the trainer's dtype)
+    dtype_bytes: int  # the trainer's compute element size (model.dtype); trained weights: ModelShape.trainable_bytes
+    copy_bytes: int  # the sampling copy's (fp8 keeps the trainer's compute dtype)
     slots: int  # completions decoded together: min(rollout.batch_size, completions per step)
     prompt_tokens: int  # the longest prompt
     max_new_tokens: int
@@ -75,6 +83,8 @@ class Plan:
     steps: int
     trainable_copies: int  # copies of the trainable weights besides the weights: grads, AdamW moments, snapshots
     reference: bool  # a full reference model (methods needing ref_logp without LoRA)
+    vllm_reserve: int = 0  # bytes a colocated vLLM (rollout.engine=vllm on CUDA) reserves: rollout.vllm.memory x the device
+    vllm_sleeps: bool = True  # rollout.vllm.sleep: it gives the reserve back during each update
 
 
 @dataclass(frozen=True)
@@ -104,6 +114,8 @@ def kv_bytes(slots: int, positions: int, layers: int, kv_heads: int, head_dim: i
 def kv_part(m: ModelShape, p: Plan) -> Part:
     """The lean decoder's slot storage grows in chunks (slot_storage.py); the other engines hold about the live
     tokens, slots x (prompt + budget)."""
+    if p.vllm_reserve:
+        return Part("KV cache", "generation", 0, "inside vLLM's reserve")
     positions = kv_capacity(p.prompt_tokens, p.max_new_tokens) if p.lean else p.prompt_tokens + p.max_new_tokens
     b = kv_bytes(p.slots, positions, m.layers, m.kv_heads, m.head_dim, p.copy_bytes)
     how = f"{p.slots} slots x {positions:,} positions x {m.layers} layers x 2 x {m.kv_heads} heads x {m.head_dim} x {p.copy_bytes} B"
@@ -141,9 +153,25 @@ def logits_bytes(m: ModelShape, p: Plan) -> tuple[int, int]:
     return 2 * rows * vocab * 4, rows
 
 
+def device_parts(p: Plan, processes: int = 1) -> list[Part]:
+    """What a CUDA device holds beside the run's tensors: the CUDA context, NCCL's buffers with several processes
+    (both estimates, see CUDA_CONTEXT), and a colocated vLLM's reserve, which with vllm.sleep it releases during
+    each update (sleep level 1: weights to RAM, KV cache freed; thinkrl/rollout/engines/vllm.py)."""
+    if p.device != "cuda":
+        return []
+    out = [Part("CUDA context", "held", CUDA_CONTEXT, "estimate: context, kernels loaded lazily, cuBLAS workspace")]
+    if processes > 1:
+        out.append(Part("NCCL buffers", "held", NCCL_BUFFERS, "estimate: channel buffers (NVIDIA/nccl#864, #1685)"))
+    if p.vllm_reserve:
+        phase = "generation" if p.vllm_sleeps else "held"
+        out.append(Part("vLLM reserve", phase, p.vllm_reserve, "rollout.vllm.memory x the device: its weights, KV cache, graphs"))
+    return out
+
+
 def parts(m: ModelShape, p: Plan, baseline: int) -> list[Part]:
     """Every part of a step's memory, in the order printed."""
     out = [Part("process baseline", "held", baseline, "measured: python, torch, transformers, tokenizer (preview/memory.py)")]
+    out += device_parts(p)
     frozen = m.params - m.trainable
     weights = frozen * p.dtype_bytes + m.trainable * m.trainable_bytes
     out.append(Part("weights", "held", weights, f"{frozen:,} x {p.dtype_bytes} B + {m.trainable:,} trainable x {m.trainable_bytes} B"))
@@ -180,7 +208,7 @@ def report(all_parts: list[Part], device: str, whose: str = "") -> str:
     """The lines --dry-run prints: each part, then the peak and which phase sets it. `whose`: which device of a
     layout the parts are one of (preview/layout.py), e.g. "per trainer device"."""
     total, phases = peak(all_parts)
-    where = "RAM (peak RSS)" if device == "cpu" else "GPU memory (torch.cuda.max_memory_allocated)"
+    where = "RAM (peak RSS)" if device == "cpu" else "GPU memory (tensors, CUDA context, NCCL, vLLM's reserve; not the allocator's slack)"
     lines = [f"memory estimate{' ' + whose if whose else ''}, {where}:"]
     for x in all_parts:
         lines.append(f"  {x.name:<22} {x.bytes / MiB:>9,.0f} MiB  {x.phase:<10}  {x.how}")

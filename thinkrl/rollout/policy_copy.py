@@ -5,12 +5,14 @@ trainer's: bf16 or fp8 weights, a policy a few updates old. The mismatch between
 (mu, recorded as behav_logp) and the trainer's (pi_old) is what TIS/MIS, AIS, DPPO and DRPO are about, so
 thinkrl can produce it on one machine:
 
-    rollout.precision  same   sample with the trainer's weights (LoRA merged into a plain copy: faster decode)
+    rollout.precision  same   sample with the trainer's weights (LoRA merged into a plain copy: faster decode);
+                              a full fine-tune's float32 masters that compute in bfloat16 (models.load_policy)
+                              sample with a copy cast to the compute dtype, the weights its forwards use
                        bf16   a copy cast to bfloat16 (weights and activations)
                        fp16   a copy cast to float16
                        fp8    linear weights fake-quantised to float8 e4m3 with one scale per output channel
                               (the output head stays as is, as fp8 inference engines do); activations keep
-                              the trainer's dtype
+                              the trainer's compute dtype
     rollout.staleness  k      sample with the trainable weights of k steps ago (a FIFO of snapshots, saved in
                               checkpoints so --resume continues it)
 
@@ -28,6 +30,7 @@ from collections import deque
 import torch
 from torch import Tensor, nn
 
+from thinkrl.models import compute_dtype
 from thinkrl.sharding import full
 
 FP8_MAX = 448.0  # largest finite float8 e4m3 value
@@ -62,7 +65,10 @@ class PolicySampler:
         self._built: dict[str, Tensor] | None = None  # LoRA: the adapter weights the sampling weights hold now
         # an engine that loads the LoRA adapters itself (vllm_server) needs only them chosen: no merged copy
         self.adapters_only = adapters_only and self.lora
-        if self.adapters_only or (not self.lora and precision == "same" and staleness == 0 and not copy_always):
+        cast = CAST.get(precision)
+        if not self.lora and cast is None and compute_dtype(policy) != next(policy.parameters()).dtype:
+            cast = compute_dtype(policy)  # float32 masters computing in bfloat16: sample with the weights as computed
+        if self.adapters_only or (not self.lora and cast is None and precision == "same" and staleness == 0 and not copy_always):
             self.model = policy  # or full fine-tuning at the trainer's precision: sample with the policy itself
             return
         if self.lora:
@@ -77,11 +83,14 @@ class PolicySampler:
             self._pairs = [(m, f"base_model.model.{n}", targets[n]) for n, m in layers]
             fixed = _linear_weights(self.model) - {f"{n}.weight" for n, _ in layers}
         else:
-            self.model = copy.deepcopy(policy)
+            # a cast copy is made parameter by parameter in its own dtype: a whole copy in the policy's float32
+            # first would, for a moment, double the largest thing on the device
+            memo = {id(p): nn.Parameter(p.detach().to(cast), requires_grad=False) for p in policy.parameters()} if cast else {}
+            self.model = copy.deepcopy(policy, memo)
             fixed = set()
         self.model.eval().requires_grad_(False)
-        if precision in CAST:
-            self.model.to(CAST[precision])
+        if cast is not None:
+            self.model.to(cast)
         self._quantised = _linear_weights(self.model) if precision == "fp8" else set()
         with torch.no_grad():  # frozen weights outside the LoRA targets: transform once
             for name, p in self.model.named_parameters():

@@ -200,11 +200,14 @@ def load_weights(ckpt: Path, model) -> None:
         load_weights_into(model, ckpt)
 
 
-def load_state(ckpt: Path, optimizer, scheduler, method, sampler=None, seed_pool=None, load_optimizer=None) -> dict:
+def load_state(
+    ckpt: Path, optimizer, scheduler, method, sampler=None, seed_pool=None, load_optimizer=None, read_optimizer: bool = True
+) -> dict:
     """Restore everything else a checkpoint holds (`verify` it first); returns its trainer_state.
-    `load_optimizer` puts the optimizer state in place where optimizer.load_state_dict cannot (FSDP shards)."""
+    `load_optimizer` puts the optimizer state in place where optimizer.load_state_dict cannot (FSDP shards);
+    without `read_optimizer` it is handed {} (FSDP: rank 0 alone reads optimizer.pt and broadcasts it)."""
     with _fits(ckpt):
-        state = _load_pt(ckpt / "optimizer.pt")
+        state = _load_pt(ckpt / "optimizer.pt") if read_optimizer else {}
         (load_optimizer or optimizer.load_state_dict)(state)
         scheduler.load_state_dict(_load_pt(ckpt / "scheduler.pt"))
         method.load_state_dict(_load_pt(ckpt / "method.pt"))

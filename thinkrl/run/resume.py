@@ -52,10 +52,11 @@ GUARDED = frozenset(
     | _keys("seeds", "enabled every pool_size keep_initial per_group prefix frac_min frac_max tokens_min tokens_max snap")
 )
 # HARMLESS: how long and how fast the run optimises (steps, the optimizer: the fix for a diverging run is a lower
-# train.lr), memory and speed (batching, the engine, workers, the trainer's dtype: the fix for a bf16 overflow is
-# float32), the grading time limit and when a failing reward function stops the run, checkpoints, logging, evaluation.
+# train.lr), memory and speed (batching, the engine, workers, the trainer's dtypes: the fix for a bf16 overflow is
+# float32; a checkpoint's masters load into either master dtype), the grading time limit and when a failing
+# reward function stops the run, checkpoints, logging, evaluation.
 HARMLESS = frozenset(
-    {"model.dtype", "verifier.timeout", "verifier.workers", "reward.max_failure_share", "seeds.storage"}
+    {"model.dtype", "model.master_dtype", "verifier.timeout", "verifier.workers", "reward.max_failure_share", "seeds.storage"}
     | _keys("rollout", "batch_size engine vllm.memory vllm.max_model_len vllm.sleep agreement_every server_url server_timeout")
     | _keys("train", "steps lr schedule warmup_steps weight_decay adam_betas grad_clip")
     | _keys("train", "micro_batch_tokens gradient_checkpointing micro_batch_size save_every keep_last max_nonfinite_steps")
