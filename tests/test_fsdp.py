@@ -1,6 +1,7 @@
 """FSDP2 through Accelerate (configs/accelerate/fsdp.yaml as shipped), two processes on the CPU over gloo.
 
-Sharded parameters, gradients and AdamW state give the single process's updates over the same global batch;
+Sharded parameters, gradients and AdamW state give the single process's updates over the same global batch (every
+config: tests/test_parallel_matrix.py, with the bounds below); float32 masters take an update at lr 1e-6;
 a run killed after step 2 resumes to the same step 3; a NaN on one rank skips the update on every rank.
 """
 
@@ -23,10 +24,14 @@ HERE = Path(__file__).resolve().parent
 pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="torch.distributed with gloo")
 
 LENGTH = "{name: short, function: 'thinkrl.rewards:length_penalty', weight: 1, options: {max_chars: 40}}"
-# How far a sharded or data-parallel update may be from one process's over the same global batch: (relative,
-# absolute) per metric, and for the weights after the updates (test below; tests/test_parallel_matrix.py)
+# How far a sharded or data-parallel update may be from one process's over the same global batch
+# (tests/test_parallel_matrix.py): (relative, absolute) per metric, and the weights after the updates as a share
+# of the largest change. Float32 sums taken in another order differ by 1e-7..1e-5 relative in the gradient norm
+# and 2e-7 in the entropy; AdamW turns gradients near zero into whole steps of either sign, so on the bundled
+# model after 3 updates the weights differed by 3.0e-6 on an Intel Xeon (AVX-512) and by 2.2e-5 on an AMD EPYC
+# (AVX-512) against changes of 6.0e-4 (docs/distributed.md).
 BOUNDS = {"grad_norm": (1e-4, 0.0), "entropy": (1e-6, 0.0), "loss": (0.0, 1e-7)}
-WEIGHT_ATOL = 1e-5
+WEIGHT_SHARE = 0.05
 # a reward that varies within every group even when no answer is right: every step has a gradient
 REWARDS = f"reward.functions=[{{name: correct, function: verifier, weight: 1}}, {LENGTH}]"
 
@@ -41,28 +46,6 @@ def update_run(model: str, out: Path, *args: str, sharded: bool) -> dict:
         proc = subprocess.run([sys.executable, *script], capture_output=True, text=True, env=env)
         assert proc.returncode == 0, proc.stderr[-3000:]
     return torch.load(out)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("lora", ["16", "0"], ids=["lora", "full-fine-tune"])
-def test_fsdp2_updates_equal_the_one_process_updates_of_the_same_global_batch(tmp_path, lora):
-    """3 AdamW updates of the bundled model: the loss, gradient norm and entropy of each, and the weights after."""
-    args = ("--steps", "3", "--adamw", "-o", f"model.lora.rank={lora}")
-    one = update_run("smollm2-135m", tmp_path / "one.pt", *args, sharded=False)
-    two = update_run("smollm2-135m", tmp_path / "two.pt", *args, sharded=True)
-    assert (one["world"], two["world"], two["sharded"]) == (1, 2, True)
-    # Bounds from what was measured (bundled model, 2-core x86_64): float32 sums taken in another order differ
-    # by 1e-6..1e-5 relative in the gradient norm (step 1 included, whose weights are the same on both sides)
-    # and 2e-7 in the entropy; after 3 AdamW steps (each about lr = 2e-4 per weight) the weights differ by at
-    # most 3.0e-6 (LoRA) and 3.1e-6 (full fine-tune), where an update in the wrong place moves them by 2e-4.
-    for step, (a, b) in enumerate(zip(one["metrics"], two["metrics"], strict=True), 1):
-        assert a["update/optimizer_steps"] == b["update/optimizer_steps"] == 1
-        for key, (rel, abs_) in BOUNDS.items():
-            assert b[key] == pytest.approx(a[key], rel=rel, abs=abs_), (step, key)
-    assert one["delta"].keys() == two["delta"].keys()
-    for name, delta in one["delta"].items():
-        assert delta.abs().max() > 1e-4, name  # every trained matrix moved by whole steps
-        torch.testing.assert_close(two["delta"][name], delta, rtol=0, atol=WEIGHT_ATOL, msg=name)
 
 
 def test_a_nan_on_one_rank_skips_that_update_on_every_rank(tiny_model_dir, tmp_path):

@@ -19,7 +19,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from launch import ROOT, ranks
-from test_fsdp import BOUNDS, WEIGHT_ATOL
+from test_fsdp import BOUNDS, WEIGHT_SHARE
 
 HERE = Path(__file__).resolve().parent
 pytestmark = [
@@ -73,8 +73,7 @@ def test_two_processes_train_the_one_process_updates(results, layout, case):
         for key, (rel, abs_) in BOUNDS.items():
             assert y[key] == pytest.approx(x[key], rel=rel, abs=abs_), (step, key)
     assert a["delta"].keys() == b["delta"].keys() and a["delta"]
-    # the bound in step with the config's learning rate: test_fsdp.py's 1e-5 is 5% of its AdamW step (2e-4)
-    moved = max(float(d.abs().max()) for d in a["delta"].values())
+    moved = max(float(d.abs().max()) for d in a["delta"].values())  # in step with the config's learning rate
     assert moved > 0
     for name, delta in a["delta"].items():
-        torch.testing.assert_close(b["delta"][name], delta, rtol=0, atol=WEIGHT_ATOL / 2e-4 * moved, msg=name)
+        torch.testing.assert_close(b["delta"][name], delta, rtol=0, atol=WEIGHT_SHARE * moved, msg=name)
