@@ -161,7 +161,8 @@ def test_two_fsdp2_trainers_share_the_adapter_rank_0_pushes_once_per_version(ser
     assert [m["rollout/policy_version"] for m in metrics] == [0, 1]
     assert metrics[0]["grad_norm"] > 0 and all(m["mismatch/agreement_gap"] < 1e-3 for m in metrics), metrics
     assert server.adapters(out) == [f"{_prefix(out)}1"]
-    loads = [line.split("name '")[1] for line in server.log.read_text().splitlines() if f"adapter: name '{_prefix(out)}" in line]
+    said = f"Loaded new LoRA adapter: name '{_prefix(out)}"  # vLLM's line for each load
+    loads = [line.split("name '")[1] for line in server.log.read_text().splitlines() if said in line]
     assert [load.split("'")[0] for load in loads] == [f"{_prefix(out)}0", f"{_prefix(out)}1"], loads  # once per version
     assert all(load.split("path '")[1].startswith(str(shared / f"thinkrl-{run_tag(out)}")) for load in loads), loads
 

@@ -251,6 +251,6 @@ def describe_path(engine: Engine, model) -> SamplingPath:
     if why is None:
         return SamplingPath("lean", engine.chosen, "fused decoder")
     on_gpu = next(model.parameters()).device.type == "cuda"
-    other = "vllm" if (on_gpu and _vllm_installed()) or _paged_drops(model) else "transformers"
+    other = "vllm" if (on_gpu and _vllm_installed() and _processes() == 1) or _paged_drops(model) else "transformers"
     said = _said(engine.setting, other)
     return SamplingPath("lean", engine.chosen, "reference loop", f"{why}; {said} batches any architecture continuously")
