@@ -1,14 +1,17 @@
 """A stand-in for vLLM's OpenAI-compatible server (standard library only), for the vllm_server engine's fast tests.
 
 It answers /health, /v1/models, /v1/load_lora_adapter, /v1/unload_lora_adapter (reading the adapter's files, as
-vLLM does, and keeping its tensors) and /v1/completions (token ids drawn from the request's seed, log-prob -1.5
-each, the stop token when the seed is even), and can be told to misbehave: answer for another adapter, answer
-slowly, refuse adapters, or die part-way through a run.
+vLLM does, and keeping its tensors; it refuses a directory without the marker the trainer writes last, as a reader
+that waits for it would) and /v1/completions (token ids drawn from the request's seed, log-prob -1.5 each, the stop
+token when the seed is even). Like vLLM 0.32's OpenAI server it answers a completion with the model name asked for
+(serving_completion.py: the LoRA request's name) and a request for an adapter it does not hold with 404. It can be
+told to misbehave: answer slowly, refuse adapters, or die part-way through a run.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import random
 import threading
 import time
@@ -20,7 +23,6 @@ class FakeServer:
         self.adapters: dict[str, dict] = {}  # name -> {tensor name: tensor} as read from the pushed files
         self.configs: dict[str, dict] = {}  # name -> adapter_config.json
         self.calls: list[tuple[str, dict]] = []  # (path, body) of every POST
-        self.other_model = ""  # answer completions as if sampled by this adapter
         self.delay = 0.0  # seconds before each completion's answer
         self.refuse_loads = False
         self.die_after = -1  # completions answered before the server dies (-1: never)
@@ -69,10 +71,14 @@ class FakeServer:
                 return 400, {"error": {"message": "LoRA is not enabled", "code": 400}}
             from safetensors.torch import load_file
 
+            if not os.path.isfile(f"{body['lora_path']}/COMPLETE"):
+                return 400, {"error": {"message": f"{body['lora_path']} is not complete (no COMPLETE marker)", "code": 400}}
             self.adapters[body["lora_name"]] = load_file(f"{body['lora_path']}/adapter_model.safetensors")
             self.configs[body["lora_name"]] = json.loads(open(f"{body['lora_path']}/adapter_config.json").read())
             return 200, "Success"
         if path == "/v1/unload_lora_adapter":
+            if body["lora_name"] not in self.adapters:
+                return 404, {"error": {"message": f"The lora adapter '{body['lora_name']}' cannot be found.", "code": 404}}
             self.adapters.pop(body["lora_name"])
             return 200, "Success"
         if body["model"] not in self.adapters:
@@ -85,7 +91,7 @@ class FakeServer:
         top = [{f"token_id:{t}": -1.5, "token_id:3": -0.25, "token_id:4": -0.75} for t in ids] if body["logprobs"] else None
         logprobs = {"tokens": [f"token_id:{t}" for t in ids], "token_logprobs": [-1.5] * len(ids), "top_logprobs": top}
         choice = {"index": 0, "text": "", "token_ids": ids, "logprobs": logprobs}
-        return 200, {"model": self.other_model or body["model"], "choices": [choice]}
+        return 200, {"model": body["model"], "choices": [choice]}
 
     def stop(self) -> None:
         self.httpd.shutdown()

@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 from thinkrl.cli import app
 from thinkrl.errors import UserError
 from thinkrl.rollout.completions import Request, Sampling
+from thinkrl.rollout.engines.server_adapters import run_tag
 from thinkrl.rollout.engines.server_http import ServerGone
 from thinkrl.rollout.engines.vllm_server import VLLMServerEngine
 from thinkrl.rollout.policy_copy import PolicySampler
@@ -54,7 +55,7 @@ def test_serve_passes_what_the_trainer_needs():
     assert command[1:3] == ["-m", "vllm.entrypoints.openai.api_server"] and env == {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
     assert "--enable-lora" in command and "--enforce-eager" in command
     assert command[command.index("--max-lora-rank") + 1] == "8"  # vLLM's smallest allowed rank >= 4
-    assert command[command.index("--max-loras") + 1] == "2"  # one adapter per trainer process
+    assert command[command.index("--max-loras") + 1] == "1"  # one run: rank 0 pushes its one adapter
     assert command[command.index("--logprobs-mode") + 1] == "processed_logprobs"
     assert flags["--port"] == "8123" and command[command.index("--dtype") + 1] == "float32"
     bf16, _ = server_command(_config("rollout.precision=bf16", "model.lora.rank=16"), cuda=True)
@@ -69,6 +70,9 @@ def test_serve_print_shows_the_command_and_starts_nothing(tiny_model_dir):
 
 def _engine(fake, timeout: float = 30.0) -> VLLMServerEngine:
     return VLLMServerEngine(4, url=fake.url, timeout=timeout, run_dir="runs/x")
+
+
+V = f"policy-{run_tag('runs/x')}-v"  # _engine's adapters: this run's name, then the version
 
 
 def _request(step: int | None, topk: int = 0, rows: int = 2) -> Request:
@@ -96,15 +100,15 @@ def test_each_version_is_pushed_once_and_the_one_before_unloaded(fake, tiny_mode
         model = sampler.refresh()
         comp = engine.generate(model, _request(step))
         assert engine.stats == {"rollout/policy_version": step, "rollout/policy_lag": 0}
-        assert list(fake.adapters) == [f"policy-v{step}"]  # the server holds this version only
-        pushed = fake.adapters[f"policy-v{step}"]
+        assert list(fake.adapters) == [f"{V}{step}"]  # the server holds this version only
+        pushed = fake.adapters[f"{V}{step}"]
         trained = {n.replace(".default.weight", ".weight"): p for n, p in sampler.policy.named_parameters() if p.requires_grad}
         assert pushed.keys() == trained.keys() and all(torch.equal(pushed[n], trained[n]) for n in trained)  # the trained weights
         asked = {body["model"] for path, body in fake.calls[-4:]}
-        assert comp.tokens.shape[0] == 4 and asked == {f"policy-v{step}"}  # every completion asks for this version
+        assert comp.tokens.shape[0] == 4 and asked == {f"{V}{step}"}  # every completion asks for this version
         if step < 2:
             _update(sampler)
-    assert fake.configs["policy-v2"]["r"] == 4 and fake.configs["policy-v2"]["lora_alpha"] == 8
+    assert fake.configs[f"{V}2"]["r"] == 4 and fake.configs[f"{V}2"]["lora_alpha"] == 8
     engine.generate(sampler.restore(), _request(2))  # the same weights again: nothing loaded
     assert sum(path == "/v1/load_lora_adapter" for path, _ in fake.calls) == 3
     engine.close()
@@ -118,7 +122,7 @@ def test_staleness_samples_the_snapshot_of_k_steps_ago_and_says_so(fake, tiny_mo
         engine.generate(sampler.refresh(), _request(step))
         seen.append((engine.stats["rollout/policy_version"], engine.stats["rollout/policy_lag"], list(fake.adapters)))
         _update(sampler)
-    assert seen == [(0, 0, ["policy-v0"]), (0, 1, ["policy-v0"]), (1, 1, ["policy-v1"])]
+    assert seen == [(0, 0, [f"{V}0"]), (0, 1, [f"{V}0"]), (1, 1, [f"{V}1"])]
 
 
 def test_answers_come_back_as_the_ids_and_log_probs_the_server_gave(fake, tiny_model_dir):
@@ -136,12 +140,13 @@ def test_answers_come_back_as_the_ids_and_log_probs_the_server_gave(fake, tiny_m
     assert len({b["seed"] for b in bodies}) == len(bodies) and all(b["return_token_ids"] and b["prompt"] == [5, 6, 7] for b in bodies)
 
 
-def test_an_answer_from_another_adapter_stops_the_run(fake, tiny_model_dir):
+def test_an_adapter_unloaded_behind_the_runs_back_stops_it_in_one_line(fake, tiny_model_dir):
     engine, sampler = _engine(fake), _policy_sampler(tiny_model_dir)
     engine.bind(sampler)
-    fake.other_model = "policy-v7"
-    with pytest.raises(UserError, match="sampled with 'policy-v7' when asked for 'policy-v0'"):
-        engine.generate(sampler.refresh(), _request(0))
+    engine.generate(sampler.refresh(), _request(0))
+    fake.adapters.clear()  # someone else unloaded it: vLLM answers 404, as the stand-in does
+    with pytest.raises(UserError, match=f"refused sampling with adapter {V}0 .404.: The model `{V}0` does not exist"):
+        engine.generate(sampler.restore(), _request(0))
 
 
 def test_a_server_that_stops_answering_is_one_line_naming_the_url_and_the_fix(fake, tiny_model_dir):
@@ -153,7 +158,7 @@ def test_a_server_that_stops_answering_is_one_line_naming_the_url_and_the_fix(fa
         engine.generate(sampler.refresh(), _request(1))
     said = str(e.value)
     assert said.startswith(f"the vLLM server at {fake.url} stopped answering") and "\n" not in said
-    assert "thinkrl serve runs/x/config.yaml" in said and "thinkrl train --resume runs/x (the last checkpoint stands)" in said
+    assert "thinkrl serve runs/x/config.yaml" in said and "run the same thinkrl train command again" in said  # no checkpoint
 
 
 def test_a_slow_answer_is_past_the_timeout(fake, tiny_model_dir):
@@ -175,7 +180,7 @@ def test_a_server_without_runtime_lora_says_how_to_start_one(fake, tiny_model_di
     engine, sampler = _engine(fake), _policy_sampler(tiny_model_dir)
     engine.bind(sampler)
     fake.refuse_loads = True
-    with pytest.raises(UserError, match="refused loading adapter policy-v0 .400.: LoRA is not enabled; start the server with `thinkrl"):
+    with pytest.raises(UserError, match=f"refused loading adapter {V}0 .400.: LoRA is not enabled; start the server with `thinkrl"):
         engine.generate(sampler.refresh(), _request(0))
 
 
@@ -196,7 +201,8 @@ def test_a_run_whose_server_dies_stops_in_one_line_and_resumes_on_a_new_one(fake
     code, err = run_cli(tiny_args(tiny_model_dir, out, 4, *server, "-o", f"rollout.server_url={fake.url}"))
     errors = [line for line in err.splitlines() if line.startswith("error:")]
     assert code == 2 and len(errors) == 1 and "Traceback" not in err, err
-    assert f"the vLLM server at {fake.url} stopped answering during sampling with adapter policy-v2" in errors[0]
+    name = f"policy-{run_tag(out)}-v"
+    assert f"the vLLM server at {fake.url} stopped answering during sampling with adapter {name}2" in errors[0]
     assert f"thinkrl train --resume {out}" in errors[0] and (out / "checkpoints" / "step-2" / "COMPLETE").is_file()
 
     again = FakeServer()  # a restarted server holds no adapter: the resumed trainer pushes its own first
@@ -204,6 +210,6 @@ def test_a_run_whose_server_dies_stops_in_one_line_and_resumes_on_a_new_one(fake
         code, err = run_cli(["train", "--resume", str(out), "-o", f"rollout.server_url={again.url}"])
         assert code == 0, err
         loads = [body["lora_name"] for path, body in again.calls if path == "/v1/load_lora_adapter"]
-        assert loads == ["policy-v2", "policy-v3"] and list(again.adapters) == ["policy-v3"]
+        assert loads == [f"{name}2", f"{name}3"] and list(again.adapters) == [f"{name}3"]
     finally:
         again.stop()

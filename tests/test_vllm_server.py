@@ -5,8 +5,9 @@ Three GRPO steps push the LoRA adapters after each update (versions 0, 1, 2) and
 check passes on each, after updates too: a stale adapter is off by about 0.2 in mean |log ratio| here, 1e-7 is
 rounding. Killing the server mid-run ends the trainer with one error line, and `--resume` after a restart
 continues from the last checkpoint, pushing its adapter before the first rollout. Two FSDP2 trainer processes
-push one adapter each to the same server. The server starts twice
-(about 30 s each on 2 cores); the trainers run a few seconds.
+share one adapter, which rank 0 alone pushes once per version into rollout.adapter_dir. Two runs on the one
+server leave each other's adapters loaded. The server starts twice (about 30 s each on 2 cores); the trainers
+run a few seconds.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import pytest
 from test_cli_e2e import invoke, tiny_args
 from test_engines import HAS_VLLM
 
+from thinkrl.rollout.engines.server_adapters import run_tag
 from thinkrl.run.jsonl import read_jsonl
 
 pytestmark = [pytest.mark.vllm, pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed")]
@@ -61,9 +63,15 @@ class Server:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
 
-    def adapters(self) -> list[str]:
+    def adapters(self, run: Path | None = None) -> list[str]:
+        """The adapters the server holds (of the run in directory `run` only, when given)."""
         with urllib.request.urlopen(self.url + "/v1/models", timeout=10) as answer:
-            return sorted(m["id"] for m in json.load(answer)["data"] if m.get("parent") is not None)
+            held = sorted(m["id"] for m in json.load(answer)["data"] if m.get("parent") is not None)
+        return [n for n in held if run is None or n.startswith(_prefix(run))]
+
+
+def _prefix(run: Path) -> str:
+    return f"policy-{run_tag(run)}-v"
 
 
 def _free_port() -> int:
@@ -94,7 +102,7 @@ def test_three_steps_push_each_update_and_agree_with_the_trainer(server, tmp_pat
     assert metrics[0]["grad_norm"] > 0 and metrics[1]["grad_norm"] > 0  # steps 2 and 3 sample updated adapters
     assert all(m["mismatch/agreement_gap"] < 1e-3 for m in metrics), metrics  # float32: the server's log-probs are the trainer's
     assert "sampler and trainer disagree" not in said
-    assert server.adapters() == ["policy-v2"]  # each push unloads the one before
+    assert server.adapters(out) == [f"{_prefix(out)}2"]  # each push unloads the one before
 
 
 def test_staleness_is_the_lag_the_server_samples_with(server, tmp_path):
@@ -136,22 +144,35 @@ def test_a_killed_server_stops_the_run_in_one_line_and_resume_continues(server, 
     assert [m["step"] for m in metrics] == list(range(1, last + 2))
     assert metrics[-1]["rollout/policy_version"] == last  # the resumed trainer pushed its own adapter first
     assert metrics[-1]["mismatch/agreement_gap"] < 1e-3 and "sampler and trainer disagree" not in said
-    assert server.adapters() == [f"policy-v{last}"]
+    assert server.adapters(out) == [f"{_prefix(out)}{last}"]
 
 
-def test_two_fsdp2_trainers_each_push_the_adapter_they_train(server, tmp_path):
+def test_two_fsdp2_trainers_share_the_adapter_rank_0_pushes_once_per_version(server, tmp_path):
     """Layout 3 with sharded trainers: `accelerate launch --config_file configs/accelerate/fsdp.yaml`, two ranks
-    against one server. Each rank gathers its whole adapter from the shards and pushes it under its own name;
-    the agreement over every rank's completions holds after an update, so each samples what it trains."""
+    against one server. Every rank gathers the whole adapter from the shards (the weights are the same on all);
+    rank 0 alone writes it into rollout.adapter_dir and loads it, once per version, and the agreement over every
+    rank's completions holds after an update, so both sample what they train."""
     from launch import fsdp_cmd, ranks, thinkrl_script
 
-    out = tmp_path / "run"
-    args = tiny_args(server.model, out, 2, *ENGINE, "-o", f"rollout.server_url={server.url}")
+    out, shared = tmp_path / "run", tmp_path / "shared"
+    args = tiny_args(server.model, out, 2, *ENGINE, "-o", f"rollout.server_url={server.url}", "-o", f"rollout.adapter_dir={shared}")
     ranks([*fsdp_cmd(), *thinkrl_script(), *args], env={"PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])})
     metrics = read_jsonl(out / "metrics.jsonl")
     assert [m["rollout/policy_version"] for m in metrics] == [0, 1]
     assert metrics[0]["grad_norm"] > 0 and all(m["mismatch/agreement_gap"] < 1e-3 for m in metrics), metrics
-    assert {"policy-r0-v1", "policy-r1-v1"} <= set(server.adapters())
+    assert server.adapters(out) == [f"{_prefix(out)}1"]
+    said = f"Loaded new LoRA adapter: name '{_prefix(out)}"  # vLLM's line for each load
+    loads = [line.split("name '")[1] for line in server.log.read_text().splitlines() if said in line]
+    assert [load.split("'")[0] for load in loads] == [f"{_prefix(out)}0", f"{_prefix(out)}1"], loads  # once per version
+    assert all(load.split("path '")[1].startswith(str(shared / f"thinkrl-{run_tag(out)}")) for load in loads), loads
+
+
+def test_two_runs_on_one_server_leave_each_others_adapters_alone(server, tmp_path):
+    """A second run's first push unloads its own run's leftovers only: the first run's adapter stays loaded."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    for out in (first, second):
+        invoke(tiny_args(server.model, out, 1, *ENGINE, "-o", f"rollout.server_url={server.url}"))
+    assert server.adapters(first) == [f"{_prefix(first)}0"] and server.adapters(second) == [f"{_prefix(second)}0"]
 
 
 def _lines(path: Path) -> list[str]:

@@ -64,6 +64,9 @@ class RolloutConfig:
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
     server_url: str = ""
     """rollout.engine=vllm_server: the vLLM server's address, e.g. http://127.0.0.1:8000 (started by `thinkrl serve`)."""
+    adapter_dir: str = ""
+    """rollout.engine=vllm_server: where the trainer writes the LoRA adapters the server loads, a directory both see
+    (a shared filesystem when the server runs on another machine); empty = a temporary directory on this machine."""
     server_timeout: float = 600.0
     """rollout.engine=vllm_server: seconds to wait for one answer (a completion, an adapter load; 30 s at most for the
     health check at start); past it the run stops in one line, and --resume continues from the last checkpoint."""

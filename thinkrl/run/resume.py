@@ -57,7 +57,7 @@ GUARDED = frozenset(
 # reward function stops the run, checkpoints, logging, evaluation.
 HARMLESS = frozenset(
     {"model.dtype", "model.master_dtype", "verifier.timeout", "verifier.workers", "reward.max_failure_share", "seeds.storage"}
-    | _keys("rollout", "batch_size engine vllm.memory vllm.max_model_len vllm.sleep agreement_every server_url server_timeout")
+    | _keys("rollout", "batch_size engine vllm.memory vllm.max_model_len vllm.sleep agreement_every server_url server_timeout adapter_dir")
     | _keys("train", "steps lr schedule warmup_steps weight_decay adam_betas grad_clip")
     | _keys("train", "micro_batch_tokens gradient_checkpointing micro_batch_size save_every keep_last max_nonfinite_steps")
     | _keys("log", "rollouts_every trackers project")

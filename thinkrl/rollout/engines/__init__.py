@@ -12,7 +12,9 @@ softmax), and the top-K / entropy of that distribution when asked for.
     vllm          vllm.py: vLLM in-process (the optional extra thinkrl[vllm]), weights pushed after each update
     vllm_server   vllm_server.py: a vLLM server in another process (`thinkrl serve`), LoRA adapters pushed over HTTP
 
-`rollout.engine: auto` (and `thinkrl eval --engine auto`) picks by device and budget: see `pick`. `describe_path`
+`rollout.engine: auto` (and `thinkrl eval --engine auto`) picks by device and budget: see `pick`. vllm runs in one
+process only: with several trainer processes it is refused (each rank's engine would land on the first GPU) and
+auto picks as if vLLM were not installed; vllm_server is the layout for vLLM with several trainers. `describe_path`
 says which engine a run samples with, chosen how, and for lean whether the fused decoder or the reference loop
 decodes its model and why: the startup line of train and eval, and their records (data_report.json, settings.json).
 """
@@ -83,11 +85,18 @@ class LeanEngine(Engine):
 
 def pick(device: torch.device, max_new_tokens: int) -> str:
     """`auto`: lean on the CPU (faster than transformers in every row of bench/RESULTS-engines.md; vLLM's CPU
-    build needs its own venv and is chosen explicitly); on a GPU vllm when it is installed, else transformers'
-    paged continuous batching, whose memory follows live tokens."""
+    build needs its own venv and is chosen explicitly); on a GPU vllm when it is installed and this is the only
+    trainer process, else transformers' paged continuous batching, whose memory follows live tokens."""
     if device.type != "cuda":
         return "lean"
-    return "vllm" if _vllm_installed() else "transformers"
+    return "vllm" if _vllm_installed() and _processes() == 1 else "transformers"
+
+
+def _processes() -> int:
+    """Trainer processes (torchrun / accelerate launch): the in-process vLLM engine is built for one."""
+    from thinkrl import distributed
+
+    return distributed.world()[1]
 
 
 def _vllm_installed() -> bool:
@@ -102,7 +111,7 @@ def engine_for_run(cfg, device: torch.device, model=None) -> Engine:
 
     rc = cfg.rollout
     if rc.engine == "vllm_server":
-        server = {"url": rc.server_url, "timeout": rc.server_timeout, "run_dir": cfg.output_dir}
+        server = {"url": rc.server_url, "timeout": rc.server_timeout, "run_dir": cfg.output_dir, "adapter_dir": rc.adapter_dir}
         engine = make_engine(rc.engine, device, rc.batch_size, rc.max_new_tokens, **server)
         engine.connect()  # type: ignore[attr-defined]  # GET /health: a server that is not there fails here, before the first step
         return engine
@@ -126,6 +135,14 @@ def check_engine(name: str, setting: str = "rollout.engine") -> None:
     said = _said(setting, name)
     if name not in NAMES:
         raise UserError(f"{said}: not an engine; choose one of {', '.join(NAMES)} (docs/engines.md)")
+    if name == "vllm" and _processes() > 1:
+        # vLLM's LLM() in every rank would put each engine on cuda:0 (it knows no ranks without its external_launcher
+        # backend, which this engine does not use), so N processes would share one GPU's memory
+        raise UserError(
+            f"{said} samples in one process only, and this run has {_processes()}: each rank's vLLM would take the first "
+            f"GPU; use {_said(setting, 'lean')} or {_said(setting, 'transformers')}, or {_said(setting, 'vllm_server')} "
+            "with `thinkrl serve` on GPUs of its own (docs/distributed.md)"
+        )
     if name == "vllm" and not _vllm_installed():
         others = " or ".join(_said(setting, n) for n in ("lean", "transformers"))
         raise UserError(
@@ -196,7 +213,9 @@ def _auto_reason(device: torch.device) -> str:
         return "auto on a CPU"
     if device.type != "cuda":
         return f"auto on {device.type}"
-    return "auto on a GPU, vLLM installed" if _vllm_installed() else "auto on a GPU without vLLM"
+    if not _vllm_installed():
+        return "auto on a GPU without vLLM"
+    return "auto on a GPU, vLLM installed" if _processes() == 1 else "auto on a GPU, several processes (vLLM runs in one)"
 
 
 @dataclass(frozen=True)
@@ -232,6 +251,6 @@ def describe_path(engine: Engine, model) -> SamplingPath:
     if why is None:
         return SamplingPath("lean", engine.chosen, "fused decoder")
     on_gpu = next(model.parameters()).device.type == "cuda"
-    other = "vllm" if (on_gpu and _vllm_installed()) or _paged_drops(model) else "transformers"
+    other = "vllm" if (on_gpu and _vllm_installed() and _processes() == 1) or _paged_drops(model) else "transformers"
     said = _said(engine.setting, other)
     return SamplingPath("lean", engine.chosen, "reference loop", f"{why}; {said} batches any architecture continuously")

@@ -2,8 +2,9 @@
 
 Standard library only (urllib), so the trainer needs no HTTP package. A server that refuses the connection, times
 out or answers 5xx is gone or stuck: `ServerGone`, a UserError that names the URL, how to restart it and how to
-continue (the last checkpoint stands, `thinkrl train --resume RUN_DIR`). A 4xx answer is a request the server
-refused (a LoRA rank over its --max-lora-rank, an adapter it does not hold): `ServerRefused`, with its message.
+continue (`thinkrl train --resume RUN_DIR` once a checkpoint stands, else the same command again). A 4xx answer
+is a request the server refused (a LoRA rank over its --max-lora-rank, an adapter it does not hold):
+`ServerRefused`, with its message.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from typing import Any
 
 from thinkrl.errors import UserError
@@ -26,10 +28,11 @@ class ServerRefused(UserError):
 
 class ServerClient:
     """One server's base URL, the seconds to wait for an answer, and what to tell the user when it stops answering:
-    `restart` is how to start it again, `resume` how to continue the run (empty before a run directory exists)."""
+    `restart` is how to start it again, `then` how to continue the run, asked when it fails (a run with no checkpoint
+    yet has nothing to resume)."""
 
-    def __init__(self, url: str, timeout: float, restart: str = "thinkrl serve CONFIG", resume: str = "") -> None:
-        self.url, self.timeout, self.restart, self.resume = url.rstrip("/"), timeout, restart, resume
+    def __init__(self, url: str, timeout: float, restart: str = "thinkrl serve CONFIG", then: Callable[[], str] | None = None) -> None:
+        self.url, self.timeout, self.restart, self.then = url.rstrip("/"), timeout, restart, then
 
     def get(self, path: str, doing: str, timeout: float | None = None) -> Any:
         return self._call(urllib.request.Request(self.url + path), doing, timeout)
@@ -64,7 +67,7 @@ class ServerClient:
             return text  # /health and the adapter endpoints answer plain text
 
     def gone(self, doing: str, why: str) -> ServerGone:
-        then = f"; then continue with: {self.resume} (the last checkpoint stands)" if self.resume else ""
+        then = f"; {self.then()}" if self.then is not None else ""
         return ServerGone(f"the vLLM server at {self.url} stopped answering during {doing} ({why}); start it again ({self.restart}){then}")
 
 

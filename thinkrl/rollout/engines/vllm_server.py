@@ -3,10 +3,12 @@
 The trainer and the sampler are separate processes (`thinkrl serve` starts the server with the flags below), so
 neither holds the other's memory; the price is an adapter push per step and JSON over HTTP per completion. The
 server samples the base weights plus the policy's LoRA adapters, pushed before each rollout whenever they
-changed (server_adapters.py) under the name `policy-v{N}`, N = training steps behind those weights: the trainer's
-step minus rollout.staleness (the sampler's snapshot of k steps ago), which is the lag the off-policy corrections
-assume. Each answer names the adapter that sampled it, and one that is not the adapter asked for stops the run.
-The step's `rollout/policy_version` and `rollout/policy_lag` go to metrics.jsonl.
+changed (server_adapters.py) under the name `policy-{run}-v{N}`, N = training steps behind those weights: the
+trainer's step minus rollout.staleness (the sampler's snapshot of k steps ago), which is the lag the off-policy
+corrections assume. With several trainer processes the weights are the same on every rank, so rank 0 alone
+pushes, once per step, and tells the others the name (one collective at each step's first rollout, which every
+rank makes; evaluation runs on rank 0 alone and calls none). The step's `rollout/policy_version` and
+`rollout/policy_lag` go to metrics.jsonl.
 
 Sampling as in vllm.py: one request per completion with its own seed from the step's generator; behav_logp is
 the sampled token's log-prob under the tempered, truncated distribution (the server runs with
@@ -17,6 +19,7 @@ Entropy records are not available. A server that stops answering ends the run in
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -25,7 +28,7 @@ from thinkrl import distributed
 from thinkrl.errors import UserError
 from thinkrl.rollout.completions import Completions, Request
 from thinkrl.rollout.engines import Engine
-from thinkrl.rollout.engines.server_adapters import AdapterPush
+from thinkrl.rollout.engines.server_adapters import AdapterPush, run_tag
 from thinkrl.rollout.engines.server_http import ServerClient, ServerRefused
 from thinkrl.rollout.sampling import draw_seeds
 
@@ -38,13 +41,16 @@ class VLLMServerEngine(Engine):
     def __init__(self, slots: int = 64, **options: Any) -> None:
         super().__init__(slots, **options)
         run_dir = options.get("run_dir")
-        resume = f"thinkrl train --resume {run_dir}" if run_dir else ""
         restart = f"thinkrl serve {run_dir}/config.yaml" if run_dir else "thinkrl serve CONFIG"
-        self.client = ServerClient(options.get("url") or "rollout.server_url", options.get("timeout", 600.0), restart, resume)
+        self.client = ServerClient(
+            options.get("url") or "rollout.server_url", options.get("timeout", 600.0), restart, lambda: _then(run_dir)
+        )
         self.decoder = f"vLLM server at {self.client.url}, LoRA adapters pushed after each update"
+        self.run = run_tag(run_dir) if run_dir else ""
         self.sampler = None
         self.push: AdapterPush | None = None
         self.trainer_version: int | None = None  # the trainer's step at the last training rollout
+        self.shared: tuple[int, str] | None = None  # (step, adapter name) rank 0 pushed for the step's rollouts
 
     def bind(self, sampler) -> None:
         self.sampler = sampler
@@ -63,6 +69,8 @@ class VLLMServerEngine(Engine):
         held = s.adapters
         if req.step is None:
             version = 0 if self.trainer_version is None else self.trainer_version + 1
+            if held is None and distributed.world()[1] > 1:  # a snapshot would gather from ranks that are not here
+                raise RuntimeError("evaluation on rank 0: the sampler holds no adapters to push (refresh it on every rank first)")
             return version, 0, held if held is not None else s.snapshot()
         self.trainer_version = req.step
         lag = len(s.history) - 1 if s.staleness and len(s.history) > 1 else 0
@@ -80,26 +88,49 @@ class VLLMServerEngine(Engine):
             )
         if self.sampler is None or not getattr(self.sampler, "lora", False):
             raise UserError("rollout.engine=vllm_server samples thinkrl train's LoRA policy only; use rollout.engine=vllm here")
-        if self.push is None:
-            rank, world = distributed.world()
-            policy = self.sampler.policy
-            adapter = policy.active_adapter if isinstance(policy.active_adapter, str) else "default"
-            prefix = "policy-v" if world == 1 else f"policy-r{rank}-v"  # each trainer process its own adapter
-            self.push = AdapterPush(self.client, policy.peft_config[adapter], adapter, prefix)
         version, lag, adapters = self.policy(req)
-        name = self.push.push(version, adapters)
+        name = self._adapter(req, version, adapters)
         seeds = draw_seeds(req.generator, req.rows, 2**31 - 1)
         bodies = [_body(name, req, p, seed, n) for p, seed, n in zip(req.each_completion(), seeds, req.limits())]
+        # vLLM answers with the name asked for, so an answer cannot show a wrong adapter: a name only this run loads
+        # and unloads (run_tag) keeps other runs' weights out, and an adapter unloaded under it is a 404, one line
         with ThreadPoolExecutor(max_workers=max(1, min(self.slots, len(bodies)))) as pool:  # the server batches them
             answers = list(pool.map(self._complete, bodies))
-        for answer in answers:
-            if answer.get("model") != name:
-                raise UserError(
-                    f"the vLLM server at {self.client.url} sampled with {answer.get('model')!r} when asked for {name!r}: another "
-                    "trainer is pushing adapters to it; give each run its own server (thinkrl serve -o rollout.server_url=...)"
-                )
         self.stats = {"rollout/policy_version": float(version), "rollout/policy_lag": float(lag)}
         return _completions(answers, req, next(model.parameters()).device)
+
+    def _adapter(self, req: Request, version: int, adapters: dict) -> str:
+        """The name of the adapter this request samples with, pushed by rank 0. Training rollouts: the step's first
+        one on every rank gathers rank 0's outcome (the name, or its error: the others stop too rather than wait);
+        later rounds of the step (dynamic sampling, which ranks run in different numbers) reuse the name.
+        Evaluation (no step) runs on rank 0 alone: it pushes and calls no collective."""
+        rank, world = distributed.world()
+        if world == 1 or req.step is None:
+            return self._pusher().push(version, adapters)
+        if self.shared is not None and self.shared[0] == req.step:
+            return self.shared[1]
+        said: tuple[str, str] = ("", "")
+        failed: Exception | None = None
+        if rank == 0:
+            try:
+                said = (self._pusher().push(version, adapters), "")
+            except Exception as e:  # any failure: the other ranks must hear of it, not wait for a name forever
+                failed, said = e, ("", str(e) if isinstance(e, UserError) else f"rank 0 could not push the adapter: {e!r}")
+        name, error = distributed.all_gather(said)[0]
+        if failed is not None:
+            raise failed
+        if error:
+            raise UserError(error)
+        self.shared = (req.step, name)
+        return name
+
+    def _pusher(self) -> AdapterPush:
+        if self.push is None:
+            policy = self.sampler.policy  # type: ignore[union-attr]
+            adapter = policy.active_adapter if isinstance(policy.active_adapter, str) else "default"
+            root = self.options.get("adapter_dir") or ""
+            self.push = AdapterPush(self.client, policy.peft_config[adapter], adapter, self.run, root)
+        return self.push
 
     def _complete(self, body: dict) -> dict:
         try:
@@ -113,6 +144,16 @@ class VLLMServerEngine(Engine):
     def close(self) -> None:
         if self.push is not None:
             self.push.close()
+
+
+def _then(run_dir: str | None) -> str:
+    """How to continue after the server is back: resume from the last checkpoint, or, before the first one, run the
+    same command again (a --resume of a directory with no checkpoint has nothing to resume)."""
+    from thinkrl.run.checkpoint import latest
+
+    if run_dir and latest(Path(run_dir)) is not None:
+        return f"then continue with: thinkrl train --resume {run_dir} (the last checkpoint stands)"
+    return "then run the same thinkrl train command again (no checkpoint was saved yet)"
 
 
 def _body(name: str, req: Request, prompt: list[int], seed: int, budget: int) -> dict:
@@ -163,7 +204,7 @@ def _row(answer: dict) -> tuple[list[int], list[float], list[dict[int, float]]]:
     said = lp.get("tokens") or []
     if said != [f"token_id:{t}" for t in ids] or len(lp.get("token_logprobs") or []) != len(ids):
         raise UserError(
-            "the vLLM server's answer does not give each sampled token's id and log-prob; it needs vLLM 0.10 or newer "
+            "the vLLM server's answer does not give each sampled token's id and log-prob; it needs vLLM 0.14 or newer "
             "(return_token_ids, return_tokens_as_token_ids): start it with `thinkrl serve`"
         )
     tops = [{int(k.removeprefix("token_id:")): float(v) for k, v in (top or {}).items()} for top in lp.get("top_logprobs") or []]
