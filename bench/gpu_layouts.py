@@ -5,7 +5,10 @@
 2. the server layout: `thinkrl serve` (vLLM) and `thinkrl train -o rollout.engine=vllm_server` as two
    processes, 3 grpo steps of the random 1.5B model with LoRA pushed each step (its agreement gap and step
    times), when vLLM is installed; on one GPU the server takes part of it (--gpu-memory-utilization 0.35);
-3. FSDP2 for real on 2 GPUs or more: 3 LoRA steps of the random 1.5B model under configs/accelerate/fsdp.yaml.
+3. FSDP2 for real on 2 GPUs or more: 3 LoRA steps of the random 1.5B model under configs/accelerate/fsdp.yaml;
+4. the method matrix on 2 GPUs or more: tests/dist_matrix.py (every shipped config and the full fine-tune,
+   reference and batch-statistics cases of tests/test_parallel_matrix.py) on one GPU, then under fsdp.yaml and
+   ddp.yaml on two, each case against the one-GPU updates within the bounds dist_matrix.py states.
 
 Each part says "not run" and why when the machine cannot run it. Writes OUT/layouts.md.
 `--small`: the same code on a CPU with the tiny test model (the dry run still plans the 7B).
@@ -104,6 +107,37 @@ def fsdp_layout(out: Path, model: str, small: bool) -> str:
     return steps_summary(run) if proc.returncode == 0 else f"failed: {proc.stderr[-2000:]}"
 
 
+def method_matrix(out: Path, small: bool) -> str:
+    gpus = torch.cuda.device_count()
+    if gpus < 2 and not small:
+        return f"not run: {gpus} GPU here, the matrix needs 2"
+    tests = HERE.parent / "tests"
+    sys.path.insert(0, str(tests))
+    from dist_matrix import CASES, mismatches
+    from tiny import build_tiny_model
+
+    model = str(build_tiny_model(out / "tiny-matrix"))
+    script = [str(tests / "dist_matrix.py"), model]
+    env = {**os.environ, "PYTHONPATH": f"{tests}:{os.environ.get('PYTHONPATH', '')}", "CUDA_VISIBLE_DEVICES": "0" if gpus else ""}
+    proc = subprocess.run([sys.executable, *script, str(out / "one.pt"), *CASES], capture_output=True, text=True, env=env)
+    if proc.returncode:
+        return f"one process failed: {proc.stderr[-2000:]}"
+    one, lines = torch.load(out / "one.pt"), []
+    for layout in ("fsdp", "ddp"):
+        config = str(HERE.parent / f"configs/accelerate/{layout}.yaml")
+        cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", config, "--num_processes", "2"]
+        env = {**env, "CUDA_VISIBLE_DEVICES": "0,1" if gpus else ""}
+        proc = subprocess.run([*cmd, *script, str(out / f"{layout}.pt"), *CASES], capture_output=True, text=True, env=env)
+        if proc.returncode:
+            lines.append(f"{layout}: failed: {proc.stderr[-2000:]}")
+            continue
+        two = torch.load(out / f"{layout}.pt")
+        bad = {case: found for case in CASES if (found := mismatches(one, two, case))}
+        lines.append(f"{layout} ({two['type']}, {two['world']} processes): {len(CASES) - len(bad)} of {len(CASES)} cases equal one GPU's")
+        lines += [f"  {case}: {'; '.join(found)}" for case, found in bad.items()]
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, required=True)
@@ -130,6 +164,7 @@ def main() -> None:
         "7B full fine-tune, 8 processes, FSDP2 (dry run)": plan_7b(a.out, tok_files),
         "server layout: vLLM server + trainer, 3 steps": server_layout(a.out, model, a.small),
         "FSDP2 over the GPUs, 3 LoRA steps": fsdp_layout(a.out, model, a.small),
+        "the method matrix: one GPU against fsdp.yaml and ddp.yaml on two": method_matrix(a.out, a.small),
     }
     text = "\n".join(f"## {name}\n\n```\n{body.strip()}\n```\n" for name, body in parts.items())
     (a.out / "layouts.md").write_text(text)

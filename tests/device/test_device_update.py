@@ -41,7 +41,7 @@ def run_update(model_dir, device: torch.device, method: str, *overrides: str) ->
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
     accelerator = Accelerator(cpu=True, device_placement=False)  # Accelerate knows no fakegpu: the model is placed above
     model, optimizer, scheduler = accelerator.prepare(PolicyLogProbs(policy), optimizer, scheduler)
-    ref = _reference(cfg, accelerator.unwrap_model(model).policy, device) if "ref_logp" in method.requires else None
+    ref = _reference(cfg, model, accelerator) if "ref_logp" in method.requires else None
     ctx = UpdateContext(model, method, optimizer, scheduler, accelerator, cfg, tok.pad_token_id, ref)
     prompts, comp, rewards = global_batch(tok.pad_token_id)
     on_device = {f.name: getattr(comp, f.name).to(device) for f in dataclasses.fields(comp) if getattr(comp, f.name) is not None}
