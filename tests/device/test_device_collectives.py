@@ -21,3 +21,8 @@ def test_the_loops_collectives_on_the_device(tmp_path):
     assert got["all_sum"] == [0.1 + 1.1, 2.0**53 + 1, -6.0]  # float64 on the device: exact
     assert got["all_max"] == 0.5
     assert got["sum_dicts"] == {"rank0": 2.0, "rank1": 3.0, "shared": 3.0}
+    # rank 0's 2 x 2 rows then rank 1's 3 x 3, padded with zeros to the longest; rank 0's start at row 0
+    assert got["gather_rows"] == [[0, 1, 0], [3, 4, 0], [0, 1, 2], [3, 4, 5], [6, 7, 8]]
+    assert (got["start"], got["device"]) == (0, "fakegpu:0")
+    assert got["mask"] == [[True, False], [True, True]]
+    assert got["summed"] == [3.0, 3.0]

@@ -58,7 +58,7 @@ class Rollouts:
         comp = self.s.comp
         T = int(comp.lengths[rows].max())
         ids = [self.prompt_ids[i] for i in rows.tolist()]
-        at = self.topk_ids[rows, :T] if topk and self.topk_ids is not None else None  # (b, T, K)
+        at = self.topk_ids[rows, :T].to(comp.tokens.device) if topk and self.topk_ids is not None else None  # (b, T, K), kept on the CPU
         return token_logprobs(policy, ids, comp.tokens[rows, :T], comp.mask[rows, :T], self.pad, self.temperature, entropy, at, False,
                               frozenset(), entropy_grad, packed=True)  # fmt: skip
 
@@ -80,6 +80,7 @@ class Rollouts:
         global num_tokens / num_seqs when `rows` is one chunk of a larger batch."""
         comp, G, T = self.s.comp, self.s.group_size, logp.shape[1]
         adv, _ = compute_advantages(self.s.rewards[rows], G, method.advantage)  # (b,)
+        on = lambda x: x.to(logp.device)  # noqa: E731  (the top-K is kept on the CPU)
         return TokenBatch(
             logp=logp,
             old_logp=self.old_logp[rows, :T],
@@ -90,10 +91,11 @@ class Rollouts:
             entropy=entropy,
             old_entropy=self.old_entropy[rows, :T] if self.old_entropy is not None else None,
             token_js=self.old_js[rows, :T] if self.old_js is not None else None,
-            topk_ids=self.topk_ids[rows, :T] if topk_logp is not None and self.topk_ids is not None else None,
-            topk_old_logp=self.topk_old_logp[rows, :T] if topk_logp is not None and self.topk_old_logp is not None else None,
+            topk_ids=on(self.topk_ids[rows, :T]) if topk_logp is not None and self.topk_ids is not None else None,
+            topk_old_logp=on(self.topk_old_logp[rows, :T]) if topk_logp is not None and self.topk_old_logp is not None else None,
             topk_logp=topk_logp,
-            generator=torch.Generator().manual_seed(int(rows[0])),  # a method's random draws: the same for a replicate on every run
+            # a method's random draws: the same for a replicate on every run (on the device: CUDA refuses a CPU generator there)
+            generator=torch.Generator(device=logp.device).manual_seed(int(rows[0])),
             **counts,
         )
 
