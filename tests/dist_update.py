@@ -14,6 +14,7 @@ run's AdamW at train.lr instead, whose moments FSDP shards; --steps N: N updates
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 
@@ -25,7 +26,7 @@ from thinkrl.learner.batching import RolloutBatch
 from thinkrl.learner.logprobs import PolicyLogProbs
 from thinkrl.learner.update import UpdateContext, update
 from thinkrl.methods import get_method
-from thinkrl.models import add_lora, load_base, load_policy, resolve_path
+from thinkrl.models import add_lora, load_base, load_policy, resolve_path, run_dtypes
 from thinkrl.rollout.completions import Completions
 from thinkrl.settings import load_config, resolve
 
@@ -52,7 +53,8 @@ def main() -> None:
     steps = int(rest[rest.index("--steps") + 1]) if "--steps" in rest else 1
     cfg = resolve(load_config(None, overrides, **{"model.name": model_dir, "method.name": method_name, "output_dir": "unused"}))
     as_run = "--as-run" in rest  # the policy as a run loads it: model.dtype computes, float32 masters
-    accelerator = sharding.accelerator(cpu=True, cfg=cfg if as_run else None)
+    dtypes = functools.partial(run_dtypes, cfg.model) if as_run else None
+    accelerator = sharding.accelerator(cpu=True, cfg=cfg if as_run else None, dtypes=dtypes)
     rank, world = distributed.world()
     torch.manual_seed(0)
     if as_run:

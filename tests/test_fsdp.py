@@ -67,6 +67,8 @@ def test_fsdp2_float32_masters_gathered_in_bfloat16_take_an_update_at_lr_1e_6(ti
 def train_args(model: str, out: Path, lora: str) -> list[str]:
     settings = ["train.steps=3", "rollout.prompts_per_step=2", "rollout.group_size=4", "rollout.max_new_tokens=12"]
     settings += ["verifier.workers=1", "train.save_every=1", f"model.lora.rank={lora}", REWARDS]
+    # a pi_old pass and a reference pass in every step: the passes that must run through the sharded root
+    settings += ["train.mini_batches=2", "method.beta=0.04"]
     return ["train", "--model", model, "-O", str(out), *[x for s in settings for x in ("-o", s)]]
 
 
@@ -93,8 +95,9 @@ def same(x, y) -> bool:
 def test_fsdp2_run_killed_after_step_2_resumes_to_the_same_step_3(tiny_model_dir, tmp_path, lora):
     """`accelerate launch --config_file configs/accelerate/fsdp.yaml thinkrl train`: both ranks are SIGKILLed in
     step 3 (after its optimizer step, before anything of it is written); --resume loads the sharded run from the
-    step-2 checkpoint and its step 3 is the uninterrupted run's, to the bit. The tiny model: the same code as the
-    bundled one (whose sharded updates the test above checks) at a quarter of the time."""
+    step-2 checkpoint and its step 3 is the uninterrupted run's, to the bit. Each step runs a pi_old pass and a
+    reference pass (through the sharded root; a full fine-tune's reference sharded too). The tiny model: the same
+    code as the bundled one at a quarter of the time."""
     name = str(tiny_model_dir)
     whole, killed = tmp_path / "whole", tmp_path / "killed"
     ranks([*fsdp_cmd(), *thinkrl_script(), *train_args(name, whole, lora)])

@@ -20,7 +20,7 @@ from thinkrl.learner.batching import RolloutBatch
 from thinkrl.learner.logprobs import PolicyLogProbs
 from thinkrl.learner.update import UpdateContext, update
 from thinkrl.methods import get_method
-from thinkrl.models import compute_dtype, load_policy
+from thinkrl.models import compute_dtype, load_policy, run_dtypes
 from thinkrl.rollout.policy_copy import PolicySampler
 from thinkrl.settings import load_config, resolve
 from thinkrl.setup import weight_dtypes
@@ -96,11 +96,11 @@ def test_the_forwards_compute_in_bfloat16_and_the_sampler_gets_a_bfloat16_copy(t
 
 
 def test_fsdp2_gathers_in_the_compute_dtype_and_reduces_in_the_masters(tiny_model_dir):
-    policy = sharding.precision_policy(config(tiny_model_dir), CPU)
+    policy = sharding.precision_policy(*run_dtypes(config(tiny_model_dir).model, CPU))
     assert (policy.param_dtype, policy.reduce_dtype) == (torch.bfloat16, torch.float32)
-    same = sharding.precision_policy(config(tiny_model_dir, "model.dtype=float32"), CPU)
+    same = sharding.precision_policy(*run_dtypes(config(tiny_model_dir, "model.dtype=float32").model, CPU))
     assert (same.param_dtype, same.reduce_dtype) == (None, None)  # nothing to cast: the CPU default
-    pure = sharding.precision_policy(config(tiny_model_dir, "model.master_dtype=same"), CPU)
+    pure = sharding.precision_policy(*run_dtypes(config(tiny_model_dir, "model.master_dtype=same").model, CPU))
     assert (pure.param_dtype, pure.reduce_dtype) == (None, None)
 
 

