@@ -54,7 +54,7 @@ def main() -> None:
     cfg = resolve(load_config(None, overrides, **{"model.name": model_dir, "method.name": method_name, "output_dir": "unused"}))
     as_run = "--as-run" in rest  # the policy as a run loads it: model.dtype computes, float32 masters
     dtypes = functools.partial(run_dtypes, cfg.model) if as_run else None
-    accelerator = sharding.accelerator(cpu=True, cfg=cfg if as_run else None, dtypes=dtypes)
+    accelerator = sharding.accelerator(cpu=True, dtypes=dtypes)
     rank, world = distributed.world()
     torch.manual_seed(0)
     if as_run:

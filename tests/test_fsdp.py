@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-from launch import fsdp_cmd, ranks, thinkrl_script
+from launch import ROOT, fsdp_cmd, ranks, thinkrl_script
 
 from thinkrl.run.jsonl import read_jsonl
 
@@ -108,13 +108,30 @@ def test_fsdp2_run_killed_after_step_2_resumes_to_the_same_step_3(tiny_model_dir
     ranks([*fsdp_cmd(), *thinkrl_script(), "train", "--resume", str(killed)])
     a, b = read_jsonl(whole / "metrics.jsonl"), read_jsonl(killed / "metrics.jsonl")
     assert comparable(a) == comparable(b)
-    assert a[2]["grad_norm"] > 0 and a[2]["update/optimizer_steps"] == 1  # step 3 trained something
+    assert a[2]["grad_norm"] > 0 and a[2]["update/optimizer_steps"] == 2  # step 3 trained both mini-batches
     kind = "adapter/adapter_model.safetensors" if lora != "0" else "model/model.safetensors"
     ckpt = lambda run: run / "checkpoints" / "step-3"  # noqa: E731
     assert (ckpt(whole) / kind).read_bytes() == (ckpt(killed) / kind).read_bytes()
     for part in ("optimizer.pt", "scheduler.pt"):
         assert same(*(torch.load(ckpt(r) / part, weights_only=True) for r in (whole, killed))), part
     shutil.rmtree(tmp_path)  # a full fine-tune's checkpoints are large: free the disk at once
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lora", ["16", "0"], ids=["lora", "full-fine-tune"])
+def test_thinking_seeds_under_fsdp2_seeds_from_every_checkpoint_any_rank_drew(tiny_model_dir, tmp_path, lora):
+    """configs/thinking_seeds.yaml under the FSDP config: the pool takes the gathered weights at steps 0, 1, 2 and
+    from step 2 rows are seeded. Rebuilding a historical checkpoint gathers the frozen base on every rank (LoRA),
+    so each rank rebuilds every checkpoint any rank drew; a full fine-tune keeps an on-disk pool per rank."""
+    run = tmp_path / "run"
+    settings = ["train.steps=4", "rollout.prompts_per_step=2", "rollout.group_size=4", "rollout.max_new_tokens=12"]
+    settings += ["verifier.workers=1", f"model.lora.rank={lora}", "seeds.every=1", "seeds.per_group=3", REWARDS]
+    args = ["train", str(ROOT / "configs/thinking_seeds.yaml"), "--model", str(tiny_model_dir), "-O", str(run)]
+    ranks([*fsdp_cmd(), *thinkrl_script(), *args, *[x for s in settings for x in ("-o", s)]])
+    metrics = read_jsonl(run / "metrics.jsonl")
+    assert [m["seeds/pool_size"] for m in metrics] == [1, 2, 3, 4]  # the pinned initial policy, then one a step
+    assert all(m["seeds/seeded_frac"] > 0 for m in metrics[1:]) and all(m["update/optimizer_steps"] for m in metrics)
+    assert (run / "seeds" / "rank-1").is_dir() == (lora == "0")  # LoRA adapters stay in memory
 
 
 @pytest.mark.parametrize(

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from thinkrl import sharding
+from thinkrl import distributed, sharding
 from thinkrl.config import Config
 from thinkrl.data import build_prompts, fit_context, load_problems, model_context, template_note, uses_chat
 from thinkrl.errors import UserError
@@ -251,7 +251,8 @@ def _seed_pool(cfg: Config, run_dir: Path):
     from thinkrl.rollout.seeds import SeedPool
 
     on_disk = cfg.seeds.storage == "disk" or (cfg.seeds.storage == "auto" and cfg.model.lora.rank == 0)
-    return SeedPool(cfg.seeds, run_dir / "seeds", on_disk)
+    rank = distributed.world()[0]  # with several processes on one disk, each keeps its own files
+    return SeedPool(cfg.seeds, run_dir / "seeds" / (f"rank-{rank}" if rank else ""), on_disk)
 
 
 def _reference(cfg: Config, root, accelerator):

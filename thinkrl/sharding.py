@@ -35,10 +35,9 @@ def requested() -> bool:
     return os.environ.get("ACCELERATE_USE_FSDP", "false").lower() in ("true", "1")
 
 
-def accelerator(cpu: bool, cfg=None, dtypes=None, **kwargs):
-    """The run's Accelerator; with FSDP requested, FSDP2 on a CPU process group too, once `cfg` (the run's
-    config) is known to be one FSDP runs, with the precision policy of `dtypes(device)` -> (compute, master)
-    (models.run_dtypes)."""
+def accelerator(cpu: bool, dtypes=None, **kwargs):
+    """The run's Accelerator; with FSDP requested, FSDP2 on a CPU process group too, with the precision policy of
+    `dtypes(device)` -> (compute, master) (models.run_dtypes)."""
     from accelerate import Accelerator, PartialState
     from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
 
@@ -54,8 +53,6 @@ def accelerator(cpu: bool, cfg=None, dtypes=None, **kwargs):
             "in the accelerate config (configs/accelerate/fsdp.yaml has it)"
         )
     check_mixed_precision()
-    if requested() and cfg is not None:
-        check_supported(cfg)
     if requested():  # thinkrl/accel's CPU speed-ups repack whole weights, which FSDP holds in shards
         os.environ["THINKRL_ACCEL"] = "0"
     acc = Accelerator(cpu=cpu, **kwargs)
@@ -173,12 +170,3 @@ def load_weights(load, model) -> None:
     for p in model.parameters():
         if p.requires_grad:
             dist.broadcast(p.data, src=0)
-
-
-def check_supported(cfg) -> None:
-    """What FSDP2 does not run yet, refused before any model loads."""
-    if cfg.seeds.enabled:
-        raise UserError(
-            "seeds.enabled=true is not supported under FSDP yet (each rank would gather historical weights on its own "
-            "schedule); run Thinking Seeds without the FSDP config, e.g. with configs/accelerate/ddp.yaml"
-        )

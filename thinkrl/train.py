@@ -77,7 +77,7 @@ class _Run:
 def _accelerator(cfg: Config):
     """The run's Accelerator: its process group, and FSDP2's precision policy from the model's dtypes on its device."""
     dtypes = functools.partial(run_dtypes, cfg.model)
-    return sharding.accelerator(not torch.cuda.is_available(), cfg, dtypes, **trackers.accelerator_kwargs(cfg.log, Path(cfg.output_dir)))
+    return sharding.accelerator(not torch.cuda.is_available(), dtypes, **trackers.accelerator_kwargs(cfg.log, Path(cfg.output_dir)))
 
 
 def _train(cfg: Config, resume: bool, held: contextlib.ExitStack, allow_changes: bool = False) -> Path:
@@ -209,7 +209,7 @@ def _step(run: _Run, step: int, pool) -> tuple[dict, dict]:
     # 1-2. rollout and score: G completions per prompt with behaviour log-probs, rewards (B,)
     run.phase = "generation"
     s.sampler.refresh()
-    if s.seed_pool is not None:  # Thinking Seeds: every seeds.every steps the policy joins the pool
+    if s.seed_pool is not None and s.seed_pool.due(step):  # Thinking Seeds: every seeds.every steps the policy joins the pool
         s.seed_pool.maybe_add(step, s.sampler.snapshot())
     samples = collect(run.rollout, step, s.prompts, generator)
     G = samples.group_size  # one source for every stage below

@@ -14,7 +14,6 @@ from dataclasses import replace
 
 import torch
 
-from thinkrl import sharding
 from thinkrl.accel.packed import can_pack
 from thinkrl.config import Config
 from thinkrl.data import model_context
@@ -41,8 +40,6 @@ def dry_run(cfg: Config, layout: Layout | None = None) -> None:
         f"up to {rc.max_new_tokens} new tokens, on {device.type}"
     )
     placing.check_config(layout, cfg)
-    if fsdp2:
-        sharding.check_supported(cfg)  # what a run under FSDP2 refuses
     config, tok = model_files(cfg.model.name)
     prompts, _ = prepare_data(cfg, tok, model_context(config, tok))  # the run's checks, and its "data:" line
     dtype = resolve_dtype(cfg.model.dtype, device)

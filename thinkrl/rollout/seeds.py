@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from thinkrl import distributed
 from thinkrl.rollout.completions import Completions, Request, Sampling
 from thinkrl.rollout.engines import Engine
 
@@ -47,9 +48,14 @@ class SeedPool:
         self.cfg, self.directory, self.on_disk = cfg, Path(directory), on_disk
         self.entries: list[Entry] = []
 
+    def due(self, step: int) -> bool:
+        """Whether the weights at the start of `step` join the pool (the same answer on every rank: under FSDP
+        taking them is a gather, so it is asked first)."""
+        return not step % self.cfg.every and not any(e.step == step for e in self.entries)
+
     def maybe_add(self, step: int, weights: dict[str, Tensor]) -> bool:
         """At the start of `step` (= steps completed): add the current weights when step % every == 0."""
-        if step % self.cfg.every or any(e.step == step for e in self.entries):
+        if not self.due(step):
             return False
         entry = Entry(step, pinned=step == 0 and self.cfg.keep_initial)
         if self.on_disk:
@@ -149,11 +155,14 @@ def seeded_generate(engine: Engine, sampler, pool: SeedPool, step: int, req: Req
     prefixes: list[tuple[list[int], list[float]]] = [([], [])] * (P * S)
     hist_sampling = Sampling(T if cfg.prefix == "fraction" else cfg.tokens_max, sampling.temperature, sampling.top_p, sampling.top_k)
     device = next(model.parameters()).device
-    for c, entry in enumerate(candidates):
-        rows = [r for r in range(P * S) if pick[r] == c]
+    # several processes: every rank rebuilds the checkpoints any rank drew, in one order, since under FSDP a
+    # rebuild gathers the frozen base weights from every rank (a rank with no row of one only takes part)
+    drawn = sorted({c for picks in distributed.all_gather(sorted(set(pick))) for c in picks})
+    for c in drawn:
+        entry, rows = candidates[c], [r for r in range(P * S) if pick[r] == c]
+        hist_model = sampler.historical(pool.weights(entry, device))
         if not rows:
             continue
-        hist_model = sampler.historical(pool.weights(entry, device))
         hist = engine.generate(
             hist_model, replace(req, prompts=[prompts[rows_prompt[r]] for r in rows], group_size=1, sampling=hist_sampling)
         )
