@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from thinkrl import distributed, sharding
+from thinkrl import sharding
 from thinkrl.config import Config
 from thinkrl.data import build_prompts, fit_context, load_problems, model_context, template_note, uses_chat
 from thinkrl.errors import UserError
@@ -183,7 +183,7 @@ def prepare(cfg: Config, method: Method, accelerator, run_dir: Path, ckpt: Path 
     policy = accelerator.unwrap_model(model).policy
     ref_model = _reference(cfg, model, accelerator) if "ref_logp" in method.requires else None
     learner = UpdateContext(model, method, optimizer, scheduler, accelerator, cfg, tok.pad_token_id, ref_model)
-    seed_pool = _seed_pool(cfg, run_dir) if cfg.seeds.enabled else None
+    seed_pool = _seed_pool(cfg, run_dir, accelerator.process_index) if cfg.seeds.enabled else None
     start = 0
     if ckpt is not None:
         sharded = sharding.is_sharded(model)
@@ -247,11 +247,11 @@ def _use_config_hyperparameters(optimizer, scheduler, tc, total_updates: int) ->
         group.update(initial_lr=tc.lr, lr=tc.lr * factor, betas=tuple(tc.adam_betas), weight_decay=tc.weight_decay)
 
 
-def _seed_pool(cfg: Config, run_dir: Path):
+def _seed_pool(cfg: Config, run_dir: Path, rank: int):
     from thinkrl.rollout.seeds import SeedPool
 
     on_disk = cfg.seeds.storage == "disk" or (cfg.seeds.storage == "auto" and cfg.model.lora.rank == 0)
-    rank = distributed.world()[0]  # with several processes on one disk, each keeps its own files
+    # with several processes on one disk, each keeps its own files
     return SeedPool(cfg.seeds, run_dir / "seeds" / (f"rank-{rank}" if rank else ""), on_disk)
 
 
