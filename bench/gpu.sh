@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU check on one GPU, in at most about 12 minutes: the engines and the 1.5B LoRA step (bench/gpu_check.py),
 # then the layouts beyond one GPU (bench/gpu_layouts.py: the 7B FSDP2 plan, the vLLM server layout when vLLM is
-# installed, FSDP2 for real when there are 2 GPUs or more; each part says "not run" and why otherwise).
+# installed, FSDP2 for real and the method matrix under fsdp.yaml and ddp.yaml when there are 2 GPUs or more;
+# each part says "not run" and why otherwise).
 #
 #   bench/gpu.sh --prepare     here, once: math-verify and its pure-Python needs as wheels in .whl/, and the
 #                              SmolLM2 tokenizer files in .gpu/tokenizer/ (both ignored through .git/info/exclude)
