@@ -133,7 +133,7 @@ def method_matrix(out: Path, small: bool) -> str:
             continue
         two = torch.load(out / f"{layout}.pt")
         bad = {case: found for case in CASES if (found := mismatches(one, two, case))}
-        lines.append(f"{layout} ({two['type']}, {two['world']} processes): {len(CASES) - len(bad)} of {len(CASES)} cases equal one process's")
+        lines.append(f"{layout} ({two['type']}, {two['world']} processes): {len(CASES) - len(bad)} of {len(CASES)} equal one process's")
         lines += [f"  {case}: {'; '.join(found)}" for case, found in bad.items()]
     return "\n".join(lines)
 
