@@ -75,6 +75,7 @@ def run_case(case: str, model_dir: str, accelerator) -> dict:
             if "lora_B" in name:
                 p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(len(name))) * 0.1)
     prompts, comp, rewards = global_batch(tok.pad_token_id)
+    comp = on(comp, accelerator.device)  # where an engine leaves completions (a GPU in bench/gpu_layouts.py)
     if cfg.train.old_policy == "sampler":  # what a sampler records: the starting policy's top-K and entropy
         comp = recorded(policy, prompts, comp, cfg, method, tok.pad_token_id)
     tc = cfg.train
@@ -88,7 +89,7 @@ def run_case(case: str, model_dir: str, accelerator) -> dict:
     groups = distributed.shard(list(range(P)), rank, world)
     rows = torch.tensor([g * G + j for g in groups for j in range(G)])
     device = accelerator.device
-    rb = RolloutBatch([prompts[r // G] for r in rows.tolist()], on(comp.select(rows), device), adv[rows].to(device), G)
+    rb = RolloutBatch([prompts[r // G] for r in rows.tolist()], comp.select(rows), adv[rows].to(device), G)
     ctx = UpdateContext(model, method, optimizer, scheduler, accelerator, cfg, tok.pad_token_id, ref)
     trained = lambda: accelerator.unwrap_model(model).policy.named_parameters()  # noqa: E731  (shards under FSDP2)
     before = {n: sharding.full(p.detach()).cpu().clone() for n, p in trained() if p.requires_grad}  # every rank gathers
@@ -104,7 +105,7 @@ def run_case(case: str, model_dir: str, accelerator) -> dict:
 def recorded(policy, prompts, comp, cfg, method, pad: int):
     """comp with the top-K and entropy a sampler would have recorded, here from the starting weights (whole batch,
     before sharding: the same on every rank)."""
-    rb = RolloutBatch([prompts[r // G] for r in range(P * G)], comp, torch.zeros(P * G), G)
+    rb = RolloutBatch([prompts[r // G] for r in range(P * G)], comp, torch.zeros(P * G, device=comp.tokens.device), G)
     old = policy_pass(policy, rb, cfg, pad, entropy=True, K=method.topk_width)
     return dataclasses.replace(comp, topk_ids=old.topk_ids, topk_logp=old.topk_logp, entropy=old.entropy)
 

@@ -9,6 +9,7 @@ import dataclasses
 import pytest
 import torch
 from accelerate import Accelerator
+from dist_matrix import BOUNDS, CONFIGS, SHIPPED, WEIGHT_SHARE, recorded
 from dist_update import G, P, global_batch  # tests/dist_update.py: 4 prompts x 3 completions of uneven lengths
 from fakedevice import DeviceTensor
 
@@ -16,17 +17,20 @@ from thinkrl.learner.advantages import compute_advantages
 from thinkrl.learner.batching import RolloutBatch
 from thinkrl.learner.logprobs import PolicyLogProbs
 from thinkrl.learner.update import UpdateContext, update
-from thinkrl.methods import get_method
 from thinkrl.models import add_lora, load_base
-from thinkrl.settings import load_config, resolve
+from thinkrl.settings import load_config, resolve_with_method
 from thinkrl.setup import _reference, reseed
 
 pytestmark = pytest.mark.device
 
 
-def run_update(model_dir, device: torch.device, method: str, *overrides: str) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
-    """One update phase with AdamW on `device`, as train.py runs it; (trained parameters after it on the CPU, metrics)."""
-    cfg = resolve(load_config(None, list(overrides), **{"model.name": str(model_dir), "method.name": method, "output_dir": "unused"}))
+def run_update(
+    model_dir, device: torch.device, method: str, *overrides: str, config: str | None = None
+) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+    """One update phase with AdamW on `device`, as train.py runs it; (trained parameters after it on the CPU, metrics).
+    `config`: a shipped configs/NAME.yaml instead of `method` with the defaults."""
+    names = {"model.name": str(model_dir), "output_dir": "unused", **({} if config else {"method.name": method})}
+    cfg, method_obj = resolve_with_method(load_config(CONFIGS / f"{config}.yaml" if config else None, list(overrides), **names))
     torch.manual_seed(0)
     base, tok = load_base(str(model_dir), torch.float32)
     policy = add_lora(base, cfg.model.lora)
@@ -34,8 +38,9 @@ def run_update(model_dir, device: torch.device, method: str, *overrides: str) ->
         for name, p in policy.named_parameters():
             if "lora_B" in name:
                 p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(len(name))) * 0.1)
+    run_update.start = {n: p.detach().clone() for n, p in policy.named_parameters() if p.requires_grad}  # the last call's
     policy.to(device)
-    method = get_method(cfg.method.name, **cfg.method.params)
+    method = method_obj
     tc = cfg.train
     optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=tc.lr, betas=tuple(tc.adam_betas))
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
@@ -46,6 +51,8 @@ def run_update(model_dir, device: torch.device, method: str, *overrides: str) ->
     prompts, comp, rewards = global_batch(tok.pad_token_id)
     on_device = {f.name: getattr(comp, f.name).to(device) for f in dataclasses.fields(comp) if getattr(comp, f.name) is not None}
     comp = dataclasses.replace(comp, **on_device)
+    if cfg.train.old_policy == "sampler":  # the top-K and entropy a sampler records, here from the starting weights
+        comp = recorded(policy, prompts, comp, cfg, method, tok.pad_token_id)
     adv, _ = compute_advantages(rewards.to(device), G, method.advantage, cfg.advantage.eps)
     rb = RolloutBatch([prompts[i // G] for i in range(P * G)], comp, adv, G)
     metrics = update(ctx, rb, reseed(cfg.train.seed, 1, device))
@@ -72,3 +79,18 @@ def test_update_on_the_device_matches_the_cpu(tiny_model_dir, fakegpu, method, o
     assert metrics["loss"] == pytest.approx(cpu_metrics["loss"], rel=1e-5, abs=1e-7)
     for name, p in on_device.items():
         torch.testing.assert_close(p, on_cpu[name], rtol=1e-5, atol=1e-7, msg=name)
+
+
+@pytest.mark.parametrize("config", SHIPPED)
+def test_every_shipped_config_updates_on_the_device_as_on_the_cpu(tiny_model_dir, fakegpu, config):
+    """configs/NAME.yaml as shipped (LoRA): its pi_old pass, begin_step, top-K, JS, per-token draws and loss on the device."""
+    on_device, metrics = run_update(tiny_model_dir, fakegpu, "", config=config)
+    on_cpu, cpu_metrics = run_update(tiny_model_dir, torch.device("cpu"), "", config=config)
+    assert metrics["update/optimizer_steps"] == cpu_metrics["update/optimizer_steps"] > 0
+    for key, (rel, abs_) in BOUNDS.items():  # the fake runs other kernels (decomposed ops): float32 sums in another order
+        assert metrics[key] == pytest.approx(cpu_metrics[key], rel=rel, abs=abs_), key
+    # AdamW turns gradients near zero into whole steps of either sign: weights within a share of the largest change
+    moved = max(float((p - run_update.start[n]).abs().max()) for n, p in on_cpu.items())
+    assert moved > 0
+    for name, p in on_device.items():
+        torch.testing.assert_close(p, on_cpu[name], rtol=0, atol=WEIGHT_SHARE * moved, msg=name)
