@@ -12,7 +12,7 @@ from thinkrl.learner.old_policy import old_policy
 from thinkrl.ops import js_divergence
 from thinkrl.rollout.completions import Completions, Request, Sampling
 from thinkrl.rollout.engines import LeanEngine
-from thinkrl.rollout.policy_copy import PolicySampler, fake_fp8
+from thinkrl.rollout.policy_copy import PolicySampler, fake_fp4, fake_fp8
 from thinkrl.run.jsonl import read_jsonl
 
 PROMPTS = [[7, 8, 9, 10], [11, 12, 13]]
@@ -120,8 +120,17 @@ def test_fake_fp8_rounds_each_row_to_its_own_scale():
     assert torch.allclose(q[1], w[1], rtol=0.07) and q[1, 2] == pytest.approx(3e-3)  # the row's own scale
 
 
+def test_fake_fp4_rounds_to_the_nearest_e2m1_level_of_its_row():
+    # row 0: absmax 6, so scale 1 and the levels are 0, 0.5, 1, 1.5, 2, 3, 4, 6 themselves
+    w = torch.tensor([[6.0, -2.4, 0.7, 0.2, 4.9], [0.03, -0.012, 0.0, 0.001, 0.02]])
+    q = fake_fp4(w)
+    assert q[0].tolist() == [6.0, -2.0, 0.5, 0.0, 4.0]  # 2.4 -> 2, 0.7 -> 0.5, 0.2 -> 0, 4.9 -> 4 (nearest)
+    # row 1: absmax 0.03, scale 0.005: -0.012 = -2.4 units -> -2 units = -0.01; 0.001 = 0.2 units -> 0; 0.02 = 4 units
+    assert torch.allclose(q[1], torch.tensor([0.03, -0.01, 0.0, 0.0, 0.02]))
+
+
 @pytest.mark.parametrize("lora", [True, False])
-@pytest.mark.parametrize("precision", ["same", "bf16", "fp16", "fp8"])
+@pytest.mark.parametrize("precision", ["same", "bf16", "fp16", "fp8", "fp4"])
 def test_sampler_precision_changes_the_weights_not_the_policy(tiny_model_dir, precision, lora):
     policy = tiny(tiny_model_dir, lora)
     before = {n: p.detach().clone() for n, p in policy.named_parameters()}
@@ -134,7 +143,7 @@ def test_sampler_precision_changes_the_weights_not_the_policy(tiny_model_dir, pr
         assert diff < 1e-5
     else:
         assert diff > 1e-5  # a real, measurable mismatch
-        assert diff < 0.5  # but the same model
+        assert diff < (3.0 if precision == "fp4" else 0.5)  # but the same model (fp4: 8 magnitudes per row)
     assert all(torch.equal(p, before[n]) for n, p in policy.named_parameters())  # the trainer is untouched
     if precision in ("bf16", "fp16"):
         assert next(model.parameters()).dtype == {"bf16": torch.bfloat16, "fp16": torch.float16}[precision]

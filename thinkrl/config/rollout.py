@@ -45,9 +45,10 @@ class RolloutConfig:
     """Nucleus sampling mass (1.0 = off)."""
     top_k: int = 0
     """Top-k sampling (0 = off)."""
-    precision: Literal["same", "bf16", "fp16", "fp8"] = "same"
+    precision: Literal["same", "bf16", "fp16", "fp8", "fp4"] = "same"
     """Weights of the sampling copy of the policy: same = the trainer's; bf16 / fp16 = cast; fp8 = float8
-    (e4m3) fake-quantised linear weights with per-output-channel scales. The trainer keeps its dtype, so
+    (e4m3) fake-quantised linear weights with per-output-channel scales; fp4 = the same with float4 (e2m1), a gap
+    large enough to bias an uncorrected update (lean and transformers engines only). The trainer keeps its dtype, so
     anything but 'same' creates a measurable rollout/trainer mismatch (logged as mismatch/*)."""
     staleness: int = 0
     """Sample with the policy of this many training steps ago (0 = the current one): controlled off-policy data."""
@@ -123,7 +124,10 @@ def server_refusal(cfg) -> str | None:
             bool(cfg.seeds.enabled),
             "seeds.enabled samples prefixes with historical policies, which are not pushed to the server; use rollout.engine=vllm or lean",
         ),
-        (r.precision == "fp8", "rollout.precision=fp8 is not applied by the server; use same, bf16 or fp16 (thinkrl serve sets --dtype)"),
+        (
+            r.precision in ("fp8", "fp4"),
+            f"rollout.precision={r.precision} is not applied by the server; use same, bf16 or fp16 (thinkrl serve sets --dtype)",
+        ),
     ]
     return next((f"rollout.engine=vllm_server with {why}" for bad, why in refusals if bad), None)
 

@@ -13,6 +13,8 @@ thinkrl can produce it on one machine:
                        fp8    linear weights fake-quantised to float8 e4m3 with one scale per output channel
                               (the output head stays as is, as fp8 inference engines do); activations keep
                               the trainer's compute dtype
+                       fp4    the same with float4 e2m1 (8 magnitudes, 0 to 6): a far larger gap, the
+                              positive control of a correction's probe (thinkrl/probe); no engine runs it
     rollout.staleness  k      sample with the trainable weights of k steps ago (a FIFO of snapshots, saved in
                               checkpoints so --resume continues it)
 
@@ -44,6 +46,22 @@ def fake_fp8(w: Tensor) -> Tensor:
     return (q.float() * scale).to(w.dtype)
 
 
+FP4_LEVELS = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])  # the magnitudes float4 e2m1 can hold
+
+
+def fake_fp4(w: Tensor) -> Tensor:
+    """w rounded to the nearest float4 e2m1 value with a per-output-channel scale (absmax -> 6), in w's dtype.
+    torch has no float4 arithmetic, so the rounding is a nearest-level lookup.  (O, I) -> (O, I)"""
+    scale = w.abs().amax(dim=-1, keepdim=True).float().clamp(min=1e-12) / 6.0  # (O, 1)
+    x = w.float() / scale
+    levels = FP4_LEVELS.to(x.device)
+    nearest = levels[(x.abs().unsqueeze(-1) - levels).abs().argmin(-1)]  # (O, I): ties go to the smaller level
+    return (torch.sign(x) * nearest * scale).to(w.dtype)
+
+
+QUANTISE = {"fp8": fake_fp8, "fp4": fake_fp4}
+
+
 def _linear_weights(model) -> set[str]:
     """Names of the weights of every nn.Linear except the output head (those fp8 engines quantise)."""
     head = model.get_output_embeddings()
@@ -54,8 +72,8 @@ class PolicySampler:
     """`refresh()` returns the model to sample this step's rollout with."""
 
     def __init__(self, policy, precision: str = "same", staleness: int = 0, copy_always: bool = False, adapters_only: bool = False) -> None:
-        if precision not in ("same", "bf16", "fp16", "fp8"):
-            raise ValueError(f"rollout.precision={precision!r}: choose same, bf16, fp16 or fp8")
+        if precision not in ("same", "bf16", "fp16", *QUANTISE):
+            raise ValueError(f"rollout.precision={precision!r}: choose same, bf16, fp16, fp8 or fp4")
         self.policy, self.precision, self.staleness = policy, precision, staleness
         self.lora = hasattr(policy, "peft_config")
         self.history: deque[dict[str, Tensor]] = deque(maxlen=staleness + 1)
@@ -91,11 +109,11 @@ class PolicySampler:
         self.model.eval().requires_grad_(False)
         if cast is not None:
             self.model.to(cast)
-        self._quantised = _linear_weights(self.model) if precision == "fp8" else set()
+        self._quantised = _linear_weights(self.model) if precision in QUANTISE else set()
         with torch.no_grad():  # frozen weights outside the LoRA targets: transform once
             for name, p in self.model.named_parameters():
                 if name in fixed and name in self._quantised:
-                    p.copy_(fake_fp8(p))
+                    p.copy_(QUANTISE[precision](p))
 
     @property
     def trainable(self) -> dict[str, Tensor]:
@@ -174,7 +192,7 @@ class PolicySampler:
                 params[name].copy_(self._transform(weight(name, p), name in self._quantised))
 
     def _transform(self, w: Tensor, linear: bool) -> Tensor:
-        return fake_fp8(w) if linear and self.precision == "fp8" else w  # copy_ casts for bf16 / fp16
+        return QUANTISE[self.precision](w) if linear and self.precision in QUANTISE else w  # copy_ casts for bf16 / fp16
 
     def state_dict(self) -> dict:
         """The staleness FIFO (empty without staleness): saved in checkpoints for an exact resume."""

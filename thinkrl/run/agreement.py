@@ -54,7 +54,7 @@ def off_because(cfg: Config) -> str | None:
     r = cfg.rollout
     reasons = [
         (r.agreement_every == 0, "rollout.agreement_every=0"),
-        (r.precision == "fp8", "rollout.precision=fp8 quantises the sampler's weights"),
+        (r.precision in ("fp8", "fp4"), f"rollout.precision={r.precision} quantises the sampler's weights"),
         (r.staleness > 0, "rollout.staleness samples with older weights"),
         (r.top_p < 1 or r.top_k > 0, "top_p / top_k truncate the sampler's distribution, not the trainer's"),
         (r.min_new_tokens > 0, "min_new_tokens suppresses EOS while sampling"),

@@ -31,7 +31,7 @@ from thinkrl.rollout.completions import Completions, Request, Sampling
 from thinkrl.rollout.engines import Engine, quiet
 from thinkrl.rollout.sampling import draw_seeds
 
-DTYPES = {"same": None, "bf16": "bfloat16", "fp16": "float16", "fp8": None}
+DTYPES = {"same": None, "bf16": "bfloat16", "fp16": "float16", "fp8": None, "fp4": None}
 
 
 class VLLMEngine(Engine):
@@ -51,6 +51,8 @@ class VLLMEngine(Engine):
         o = self.options
         cuda = next(model.parameters()).device.type == "cuda"
         precision = o.get("precision", "same")
+        if precision == "fp4":
+            raise UserError("rollout.precision=fp4 (a fake-quantised sampler for probes) is not a vLLM precision; use rollout.engine=lean")
         if precision == "fp8" and not cuda:
             raise UserError("rollout.precision=fp8 with rollout.engine=vllm needs CUDA (vLLM's fp8 kernels); use the lean engine on a CPU")
         dtype = DTYPES[precision] or str(next(model.parameters()).dtype).removeprefix("torch.")
