@@ -265,3 +265,20 @@ def test_sis_recipe_makes_the_sampler_its_proposal_however_stale():
     assert _sampler_records(get_method("sis"), cfg) == {"record_topk": 10, "record_entropy": False}
     plain = resolve(load_config(recipe="none", **{"method.name": "sis"}))
     assert plain.train.old_policy == "recompute" and _sampler_records(get_method("sis"), plain) == {}
+
+
+def test_sis_forced_acceptance_trains_every_token_at_weight_one():
+    # accept=all, the probe's control: tokens [2, 3] lie outside V_K, so the test rejects both (ratios 2/3 and
+    # 2: with A = +1 and grpo's clip, l = -(2/3 + 1.2) / 2, gradients -1/3 and 0). Forced, each is accepted:
+    # w~ = 1 with the gradient of log pi, l = -A = -1 per token, d l / d logp = -1/2 each (token-mean of 2)
+    logp, batch = vocab4_batch([2, 3], 1.0)
+    loss, _ = get_method("sis").loss(batch)
+    loss.backward()
+    assert loss.item() == pytest.approx(-(2 / 3 + 1.2) / 2, rel=1e-5)
+    assert logp.grad.tolist()[0] == pytest.approx([-1 / 3, 0.0], abs=1e-6)
+    logp, batch = vocab4_batch([2, 3], 1.0)
+    loss, metrics = get_method("sis", accept="all").loss(batch)
+    loss.backward()
+    assert loss.item() == pytest.approx(-1.0)
+    assert logp.grad.tolist()[0] == pytest.approx([-0.5, -0.5])
+    assert metrics["sis/accept_frac"].item() == 1.0 and metrics["clip/frac"].item() == 0.0

@@ -60,6 +60,9 @@ class Config(HostedConfig):
     """Loss SIS plugs into: grpo (clip 0.2/0.2), dapo (0.2/0.28, token-mean) or gspo (sequence ratio, 3e-4/4e-4)."""
     k: int = 10
     """K of the top-K envelope: the proposal's K most likely ids at each position."""
+    accept: Literal["test", "all"] = "test"
+    """test = the paper's rejection test; all = every token accepted (a control, not SIS: the update then
+    differs from this SIS only by its test, each token trained at weight 1 on the gradient of log pi)."""
     aggregation: Aggregation | None = None  # type: ignore[assignment]
     """How per-token losses become one scalar; None = the host's (token-mean for dapo)."""
 
@@ -128,6 +131,8 @@ class SIS(Method[Config]):
     def loss(self, batch: TokenBatch) -> tuple[Tensor, dict[str, Tensor]]:
         c, mask = self.cfg, batch.mask
         test = rejection_test(batch)
+        if c.accept == "all":  # the control: the test's outcome replaced by acceptance of every valid token
+            test = test._replace(accepted=mask.bool())
         log_r = log_ratio(batch.logp, batch.old_logp)  # (B, T) differentiable
         on_policy = batch.logp - batch.logp.detach()  # (B, T) value 0, gradient of log pi_theta
         log_wt = torch.where(test.accepted, on_policy, log_r)  # (B, T) log w~
