@@ -101,6 +101,32 @@ def test_the_entropy_slope_is_the_first_order_change_of_a_real_step(tiny_model_d
     assert slope != 0 and (after - before) / lr == pytest.approx(slope, rel=0.05)
 
 
+def test_the_renyi2_slope_is_the_first_order_change_of_the_renyi2_entropy_under_a_real_step(tiny_model_dir):
+    policy = tiny_lora_model(tiny_model_dir)
+    params = [p for p in policy.parameters() if p.requires_grad]
+    data = Rollouts(samples(policy, PROMPTS), policy, 0, 1.0)
+    ref = Rollouts(samples(policy, PROMPTS, seed=1), policy, 0, 1.0)
+    d, _ = directions(policy, params, ref, None, renyi=True)
+    rows = torch.arange(G)
+    slope = replicate(policy, params, data, ["cispo"], rows, d)["cispo"]["renyi2_slope"]
+    lp = data.logprobs(policy, rows)
+    loss, _ = method_calls.loss(get_method("cispo"), data.batch(get_method("cispo"), rows, lp.logp, None))
+    g = flat_grad(loss, params, retain=False)
+
+    def mean_renyi2() -> float:  # -log sum p^2 per generated position, averaged: written out, not the probe's code
+        with torch.no_grad():
+            total = 0.0
+            for r in ref.chunks():
+                logp = ref.distribution(policy, r)  # (n, V) at the masked positions
+                total += float((-(logp.exp() ** 2).sum(-1).log()).sum())
+            return total / float(ref.s.comp.mask.sum())
+
+    before, lr = mean_renyi2(), 1e-2
+    step(params, g, lr)
+    after = mean_renyi2()
+    assert slope != 0 and (after - before) / lr == pytest.approx(slope, rel=0.05)
+
+
 def test_the_kl_slope_is_the_first_order_change_of_the_kl_from_the_start_under_a_real_step(tiny_model_dir):
     """theta1 a step away from theta0 (the sampler); the update's kl_slope predicts how KL(theta0 || theta)
     over the reference positions changes along theta1 - lr * g, and the KL itself is that of a plain
@@ -147,10 +173,11 @@ def test_the_probe_command_writes_paired_adjusted_comparisons(tiny_model_dir, tm
     result = CliRunner().invoke(app, [*args, "--reference-prompts", "2", "--output", "out", *overrides], catch_exceptions=False)
     assert result.exit_code == 0, result.output
     report = json.loads((tmp_path / "out" / "probe.json").read_text())
-    assert report["replicates"] == 3 and len(report["raw"]) == 3 and set(report["methods"]) == {"grpo", "gspo", "cispo"}
+    assert report["replicates"] == [3] and len(report["raw"][0]) == 3 and set(report["methods"]) == {"grpo", "gspo", "cispo"}
     measures = ["entropy_slope", "cos_ref", "kl_slope", "grad_norm", "clip_frac"]
     assert [(c["method"], c["measure"]) for c in report["comparisons"]][:5] == [("gspo", k) for k in measures]
-    assert report["setting"]["kl_start_to_probed"] > 0  # two stale steps moved the policy
+    assert report["begins"][0]["kl_start_to_probed"] > 0 and report["begins"][0]["log_ratio_sd"] > 0  # two stale steps moved it
+    assert report["level"] == "replicate" and all(c["unit"] == "replicates of one start" for c in report["comparisons"])
     assert all(c["baseline"] == "grpo" and "p_holm" in c for c in report["comparisons"])
     assert "## Paired differences" in (tmp_path / "out" / "probe.md").read_text()
     assert "probe: out/probe.md" in result.output

@@ -50,7 +50,7 @@ def test_a_probe_file_trains_its_start_once_and_adjusts_over_its_primary_measure
     result = CliRunner().invoke(app, ["probe", "p.yaml"], catch_exceptions=False)
     assert result.exit_code == 0, result.output
     out = tmp_path / "probes" / "tiny"
-    assert (out / "start" / "checkpoints" / "step-1").is_dir() and "the starting policy: thinkrl train" in result.output
+    assert (out / "start-0" / "checkpoints" / "step-1").is_dir() and "the starting policy: thinkrl train" in result.output
     report = json.loads((out / "probe.json").read_text())
     assert report["setting"]["arms"]["stare_on"] == {"method": "stare", "target_entropy": 50.0}
     assert report["primary"] == ["entropy_slope"] and set(report["methods"]) == {"dapo", "stare_on", "ict"}
@@ -60,7 +60,7 @@ def test_a_probe_file_trains_its_start_once_and_adjusts_over_its_primary_measure
     secondary = [c for c in report["comparisons"] if c["role"] == "secondary"]
     assert all(c["p_holm"] is None and c["verdict"].startswith("secondary") and "Holm" not in c["verdict"] for c in secondary)
     # the gate is on (entropy under 50 nats): stare reweights, so its gradient is not dapo's
-    assert any(r["stare_on"]["grad_norm"] != r["dapo"]["grad_norm"] for r in report["raw"])
+    assert any(r["stare_on"]["grad_norm"] != r["dapo"]["grad_norm"] for r in report["raw"][0])
     again = CliRunner().invoke(app, ["probe", "p.yaml"], catch_exceptions=False)  # the start is there: not trained again
     assert again.exit_code == 0 and "the starting policy" not in again.output
 
@@ -68,8 +68,8 @@ def test_a_probe_file_trains_its_start_once_and_adjusts_over_its_primary_measure
 def test_holm_adjusts_over_the_primary_tests_alone():
     b = [{"entropy_slope": 0.1 + 0.01 * (i % 3), "cos_ref": 0.05 + 0.02 * (i % 2)} for i in range(8)]
     rows = [{"a": {"entropy_slope": 0.0, "cos_ref": 0.0}, "b": x} for x in b]
-    one = summarise(rows, ["a", "b"], ("entropy_slope",))
-    both = summarise(rows, ["a", "b"], ("entropy_slope", "cos_ref"))
+    one = summarise([rows], ["a", "b"], ("entropy_slope",))
+    both = summarise([rows], ["a", "b"], ("entropy_slope", "cos_ref"))
     p = {c["measure"]: c for c in one["comparisons"]}
     assert p["entropy_slope"]["p_holm"] == pytest.approx(p["entropy_slope"]["p"])  # one primary test: nothing to adjust
     assert p["cos_ref"]["p_holm"] is None and p["cos_ref"]["role"] == "secondary"

@@ -94,11 +94,14 @@ def test_a_probe_with_an_fp8_sampler_and_a_recomputed_pi_old_reports_their_misma
     shared = tiny_args(tiny_model_dir, tmp_path / "unused")
     overrides = [x for i, a in enumerate(shared) if a == "-o" and "train.steps" not in shared[i + 1] for x in ("-o", shared[i + 1])]
     args = ["probe", "--model", str(tiny_model_dir), "--methods", "grpo,ais", "--replicates", "2", "--stale-prompts", "2"]
-    args += ["--stale-updates", "0", "--reference-prompts", "2", "--output", "out", "-o", "rollout.precision=fp8", *overrides]
+    args += ["--stale-updates", "0", "--reference-prompts", "2", "-o", "rollout.precision=fp8", *overrides]
     runs = {}
     for old in ("sampler", "recompute"):
-        result = CliRunner().invoke(app, [*args, "--old-policy", old], catch_exceptions=False)
+        result = CliRunner().invoke(app, [*args, "--old-policy", old, "--output", old], catch_exceptions=False)
         assert result.exit_code == 0, result.output
-        runs[old] = json.loads((tmp_path / "out" / "probe.json").read_text())
-    assert runs["sampler"]["setting"]["sampler_k3"] == 0 < runs["recompute"]["setting"]["sampler_k3"]
+        runs[old] = json.loads((tmp_path / old / "probe.json").read_text())
+    assert runs["sampler"]["begins"][0]["sampler_k3"] == 0 < runs["recompute"]["begins"][0]["sampler_k3"]
+    # the same output directory under other settings: its start record is refused, not mixed in
+    result = CliRunner().invoke(app, [*args, "--old-policy", "recompute", "--output", "sampler"])
+    assert "sampler/start-0.json was measured with other inputs" in str(result.exception)
     assert runs["recompute"]["setting"]["old_policy"] == "recompute"

@@ -145,7 +145,7 @@ def trained(monkeypatch) -> list:
     monkeypatch.setattr(
         thinkrl.study.command, "_declared", lambda directory: load_study(ROOT / "examples" / "study" / f"{directory.name}.yaml")
     )
-    monkeypatch.setattr(thinkrl.probe.session, "run_probe", lambda cfg, ps, ckpt=None: ([], {"seconds": 0.0}))
+    monkeypatch.setattr(thinkrl.probe.session, "run_probe", lambda cfg, ps, ckpt=None, renyi=False: ([], {"seconds": 0.0}))
     monkeypatch.setattr(thinkrl.run.intact, "find_checkpoint", lambda arg: (Path(arg), Path(arg) / "checkpoints" / "step-1"))
     monkeypatch.setattr(thinkrl.serve, "start", lambda command, env: None)  # thinkrl serve: the command built, no vLLM started
     return calls

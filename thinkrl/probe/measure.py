@@ -40,7 +40,7 @@ from thinkrl.config import Config
 from thinkrl.learner import method_calls
 from thinkrl.learner.advantages import compute_advantages
 from thinkrl.learner.logprobs import dropout_off
-from thinkrl.methods import Method, get_method
+from thinkrl.methods import Method, get_method, method_class
 from thinkrl.probe.rollouts import Rollouts
 
 # what a probed loss may read beyond logp, old_logp, advantages, mask; "uniform" is left unset, and a loss that
@@ -52,14 +52,32 @@ OLD_POLICIES = ("sampler", "recompute")
 
 @dataclass(frozen=True)
 class ProbeArm:
-    """One probed update: a method with its own parameters, reported under `label`."""
+    """One probed update: a method with its own parameters, reported under `label`. `recipe`: the method's
+    recipe's `method.*` values come first, as `thinkrl train --method NAME` would set them (its other keys are
+    the regime, shared by every arm: they are not applied). A parameter written {drift: f} is f times the
+    per-token log-ratio sd the stale steps left at the start (resolved per start)."""
 
     label: str
     method: str
     params: tuple[tuple[str, Any], ...] = ()
+    recipe: bool = True
 
     def build(self) -> Method:
         return get_method(self.method, **dict(self.params))
+
+    def resolved(self, max_new_tokens: int, drift: float) -> ProbeArm:
+        """The arm with concrete parameters: its recipe's, then its own, drift-scaled values filled in and
+        seq-mean-token-sum-norm's constant L (norm_length 0) set to the budget, as a run resolves it."""
+        own = {k: float(v["drift"]) * drift if isinstance(v, dict) else v for k, v in self.params}
+        given = {**(recipe_params(self.method) if self.recipe else {}), **own}
+        if given.get("norm_length", getattr(get_method(self.method, **given).cfg, "norm_length", None)) == 0:
+            given["norm_length"] = max_new_tokens
+        return ProbeArm(self.label, self.method, tuple(sorted(given.items())), recipe=False)
+
+
+def recipe_params(method: str) -> dict[str, Any]:
+    """The method.* values of a method's recipe, as Config fields."""
+    return {k.removeprefix("method."): v for k, v in method_class(method).recipe.items() if k.startswith("method.")}
 
 
 def as_arm(arm: str | ProbeArm) -> ProbeArm:
@@ -69,7 +87,8 @@ def as_arm(arm: str | ProbeArm) -> ProbeArm:
 @dataclass(frozen=True)
 class ProbeSettings:
     methods: tuple[str | ProbeArm, ...]
-    replicates: int = 200
+    replicates: int = 200  # per start
+    starts: int = 1  # independent starting points: each its own start run, stale batch, reference and replicates
     groups: int = 1  # prompt groups per replicate, sampled for it alone
     stale_prompts: int = 8  # groups of the batch the stale steps train on
     stale_updates: int = 2  # grpo steps from the sampler (pi_old) to the probed policy
@@ -130,6 +149,19 @@ def stale_steps(policy, params: list[Tensor], data: Rollouts, groups: Tensor, gr
     opt.zero_grad(set_to_none=True)
 
 
+@torch.no_grad()
+def log_ratio_sd(policy, data: Rollouts, groups: Tensor) -> float:
+    """The sd over these groups' generated tokens of log pi_theta / pi_old at the weights now in place: the
+    per-token drift of the stale steps (0 without any)."""
+    parts = []
+    for rows in data.chunks(groups):
+        lp = data.logprobs(policy, rows).logp  # (b, T)
+        m = data.s.comp.mask[rows, : lp.shape[1]].bool()
+        parts.append((lp - data.old_logp[rows, : lp.shape[1]].to(lp.device))[m].double())
+    x = torch.cat(parts)
+    return float(x.std()) if len(x) > 1 else 0.0
+
+
 @dataclass(frozen=True)
 class Directions:
     """What each method's gradient is held against, at theta1 (flat, like the gradients)."""
@@ -137,16 +169,32 @@ class Directions:
     g_ref: Tensor  # the on-policy policy gradient (ascent)
     g_h: Tensor  # the gradient of the mean token entropy
     g_kl: Tensor  # the gradient of the mean KL from theta0
+    g_h2: Tensor | None = None  # the gradient of the mean Renyi-2 entropy (when a measure needs it)
 
 
-def directions(policy, params: list[Tensor], ref: Rollouts, theta0: list[Tensor] | None) -> tuple[Directions, float]:
+def directions(policy, params: list[Tensor], ref: Rollouts, theta0: list[Tensor] | None, renyi: bool = False) -> tuple[Directions, float]:
     """The reference directions from theta1's own rollouts, and KL(theta0 || theta1) there. theta0: the
-    starting LoRA weights (None: theta1 is theta0, the KL and its gradient are 0)."""
+    starting LoRA weights (None: theta1 is theta0, the KL and its gradient are 0). renyi: also the Renyi-2
+    entropy's gradient (one more pass over the reference's full distributions)."""
     g_ref, g_h = reference(policy, params, ref)
+    g_h2 = renyi2_gradient(policy, params, ref) if renyi else None
     if theta0 is None:
-        return Directions(g_ref, g_h, torch.zeros_like(g_ref)), 0.0
+        return Directions(g_ref, g_h, torch.zeros_like(g_ref), g_h2), 0.0
     g_kl, kl = kl_from_start(policy, params, ref, theta0)
-    return Directions(g_ref, g_h, g_kl), kl
+    return Directions(g_ref, g_h, g_kl, g_h2), kl
+
+
+def renyi2_gradient(policy, params: list[Tensor], ref: Rollouts) -> Tensor:
+    """The gradient at theta1 of the mean over ref's generated positions of the Renyi-2 entropy
+    H2 = -log sum_v p(v)^2 of the tempered next-token distribution (what ICT's paper controls: it weighs the
+    likely tokens, so a policy collapsing onto one token shows in it first)."""
+    N, grad = int(ref.s.comp.mask.sum()), None
+    for rows in ref.chunks():
+        logp = ref.distribution(policy, rows)  # (n, V)
+        h2 = -torch.logsumexp(2 * logp, dim=-1)  # (n,)
+        g = flat_grad(h2.sum() / N, params, retain=False)
+        grad = g if grad is None else grad + g
+    return grad
 
 
 @contextlib.contextmanager

@@ -12,6 +12,7 @@ they run one by one, with the same numbers up to float rounding.
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import torch
@@ -22,6 +23,7 @@ from thinkrl.learner import method_calls
 from thinkrl.probe.measure import CLIP_KEYS, Directions, ProbeArm, ProbeSettings, as_arm, flat_grad, probe_pass
 from thinkrl.probe.rollouts import Rollouts
 
+REPORTED = ("ais/", "sis/", "ctpo/", "clip/", "mask/")  # the method metrics kept per replicate
 PASS_TOKENS = 768  # prompt and completion tokens of the replicates one pass takes together (at least one replicate)
 
 
@@ -130,5 +132,9 @@ def _measures(g: Tensor, metrics: dict, d: Directions, ref_norm: float) -> dict:
     cos = float(-(g @ d.g_ref)) / (norm * ref_norm) if norm > 0 and ref_norm > 0 else None  # no update, no direction
     clip = next((float(metrics[k]) for k in CLIP_KEYS if k in metrics), None)
     slopes = {"entropy_slope": float(-(g @ d.g_h)), "kl_slope": float(-(g @ d.g_kl))}
-    unit = slopes["entropy_slope"] / norm if norm > 0 else None
-    return {"grad_norm": norm, "cos_ref": cos, **slopes, "clip_frac": clip, "entropy_slope_unit": unit}
+    if d.g_h2 is not None:
+        slopes["renyi2_slope"] = float(-(g @ d.g_h2))
+    units = {f"{k}_unit": v / norm if norm > 0 else None for k, v in slopes.items() if k != "kl_slope"}
+    # e.g. ais's alpha, sis's acceptance; a metric with nothing to average (nan) is left out, as JSON has no nan
+    extra = {k: float(v) for k, v in metrics.items() if k.startswith(REPORTED) and math.isfinite(float(v))}
+    return {"grad_norm": norm, "cos_ref": cos, **slopes, "clip_frac": clip, **units, "metrics": extra}

@@ -19,7 +19,7 @@ from thinkrl.config import Config
 from thinkrl.errors import UserError
 from thinkrl.methods import get_method
 from thinkrl.models import eos_ids, load_policy, load_tokenizer, resolve_path
-from thinkrl.probe.measure import ProbeSettings, as_arm, check_method, directions, probe_pass, stale_steps
+from thinkrl.probe.measure import ProbeSettings, as_arm, check_method, directions, log_ratio_sd, probe_pass, stale_steps
 from thinkrl.probe.replicates import replicate_rows, run_replicates
 from thinkrl.probe.rollouts import Rollouts
 from thinkrl.rollout.collect import RolloutContext, RolloutPlan, StepSamples, collect
@@ -35,10 +35,14 @@ from thinkrl.verifier.shielded import ShieldedPool
 MAX_ROUNDS = 8
 
 
-def run_probe(cfg: Config, ps: ProbeSettings, checkpoint: Path | None = None) -> tuple[list[dict[str, dict]], dict[str, float]]:
-    """The replicates' measurements, and what the starting point looked like (for the report). `checkpoint`: a
-    run's checkpoint to start from (its weights on cfg's model)."""
-    methods = [as_arm(a).build() for a in ps.methods]  # a bad method name or parameter fails here, before anything loads
+def run_probe(
+    cfg: Config, ps: ProbeSettings, checkpoint: Path | None = None, renyi: bool = False
+) -> tuple[list[dict[str, dict]], dict[str, float]]:
+    """One start's replicates' measurements, and what its starting point looked like (for the report).
+    `checkpoint`: a run's checkpoint to start from (its weights on cfg's model); ps.seed: this start's seed (its
+    prompts, rollouts and LoRA init); renyi: measure the Renyi-2 entropy's slope too."""
+    budget = cfg.rollout.max_new_tokens
+    methods = [as_arm(a).resolved(budget, 1.0).build() for a in ps.methods]  # a bad method or parameter fails here, before loading
     for m in methods:
         check_method(m)
     check_engine(cfg.rollout.engine)  # a missing vLLM: before the model loads
@@ -68,18 +72,24 @@ def run_probe(cfg: Config, ps: ProbeSettings, checkpoint: Path | None = None) ->
             with probe_pass(policy):
                 data = _starting_rollouts(sampled, policy, pad, cfg, ps, methods)
                 stale_steps(policy, params, data, torch.arange(ps.stale_prompts), get_method("grpo"), cfg, ps.stale_updates)
+                # on up to 16 of the replicates' groups: the tokens the arms are measured on, not those the stale steps fit
+                drift = log_ratio_sd(policy, data, ps.stale_prompts + torch.arange(min(16, ps.replicates * ps.groups)))
             fresh = _reference(ctx, policy, order[used:], ps, device)
     finally:
         engine.close()
     ref = Rollouts(fresh, policy, pad, temperature)
     with probe_pass(policy):
-        d, kl = directions(policy, params, ref, theta0)
+        d, kl = directions(policy, params, ref, theta0, renyi)
+    arms = tuple(as_arm(a).resolved(budget, drift) for a in ps.methods)  # drift-scaled parameters: this start's
     start = {
         "reward_mean": float(data.s.rewards.mean()),
         "reference_reward_mean": float(fresh.rewards.mean()),
         "reference_grad_norm": float(d.g_ref.norm()),
         "kl_start_to_probed": kl,  # KL(theta0 || theta1) over the reference positions: how far the stale steps went
         "sampler_k3": data.mismatch_k3(),  # KL(mu || pi_old) per token: 0 unless pi_old is recomputed (an fp8 sampler)
+        "log_ratio_sd": drift,  # sd of log theta1 / pi_old per replicate token: how far the stale steps moved
+        "answer_tokens": float(data.s.comp.lengths.float().mean()),
+        "arms": {a.label: dict(a.params) for a in arms},
         "sampling_seconds": t_sampled - t0,  # model load and the replicates' rollouts
         "setup_seconds": time.perf_counter() - t0,
     }
@@ -89,8 +99,8 @@ def run_probe(cfg: Config, ps: ProbeSettings, checkpoint: Path | None = None) ->
         f"{ps.replicates} replicates of {ps.groups} x {G}"
     )
     with progress() as bar:
-        task = bar.add_task("probe", total=ps.replicates, info=", ".join(as_arm(a).label for a in ps.methods))
-        results = run_replicates(policy, params, data, d, ps, lambda n: bar.advance(task, n))
+        task = bar.add_task("probe", total=ps.replicates, info=", ".join(a.label for a in arms))
+        results = run_replicates(policy, params, data, d, replace(ps, methods=arms), lambda n: bar.advance(task, n))
     start["seconds"] = time.perf_counter() - t0
     return results, start
 

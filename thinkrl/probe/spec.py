@@ -4,16 +4,19 @@ primary measures, written down before anything runs, so that one comparison is o
     name: stare-vs-dapo
     start: [train.steps=5]               # the starting policy: grpo trained with these overrides, into OUT/start
     overrides: [rollout.group_size=4]    # the probe's shared regime
-    probe: {replicates: 200, stale_updates: 2}   # replicates, groups, stale_prompts, stale_updates, reference_prompts,
-                                                 # seed, old_policy (sampler or recompute)
+    probe: {starts: 5, replicates: 40, stale_updates: 2}   # starts, replicates (per start), groups, stale_prompts,
+                                                 # stale_updates, reference_prompts, seed, old_policy (sampler or recompute)
     arms:                                # the first arm is the baseline
       dapo: {method: dapo}
       stare: {method: stare, params: {target_entropy: 5.0}}
+      wide: {method: ctpo, params: {eps_lo: {drift: 1.0}}}   # {drift: f}: f x the start's per-token log-ratio sd
+      bare: {method: drpo, recipe: false}   # without the method.* values of its recipe (taken by default)
     primary: [entropy_slope]             # Holm adjusts over these; the other measures are reported as secondary
 """
 
 from __future__ import annotations
 
+import hashlib
 import subprocess
 import sys
 from dataclasses import dataclass, fields
@@ -37,6 +40,7 @@ class ProbeFile:
     overrides: tuple[str, ...]
     settings: dict[str, Any]
     primary: tuple[str, ...]
+    digest: str = ""  # sha256 of the file's bytes: a start measured under another version of it is refused
 
     def probe_settings(self, **flags: Any) -> ProbeSettings:
         """The file's settings, with any flag given on the command line (not None) taking precedence."""
@@ -63,6 +67,7 @@ def load_probe_file(path: Path) -> ProbeFile:
         overrides=_overrides(raw.get("overrides", []), f"{where}: overrides"),
         settings=_settings(raw.get("probe") or {}, where),
         primary=tuple(primary),
+        digest=hashlib.sha256(path.read_bytes()).hexdigest(),
     )
 
 
@@ -79,17 +84,24 @@ def _settings(value: Any, where: str) -> dict[str, Any]:
 
 def _arms(value: Any, where: str) -> tuple[ProbeArm, ...]:
     arms = []
-    for name, spec in named_arms(value, where, "params", "{method: NAME, params: {KEY: VALUE, ...}}"):
+    recipes = {n: s.get("recipe", True) for n, s in value.items() if isinstance(s, dict)} if isinstance(value, dict) else {}
+    bare = {n: {k: v for k, v in s.items() if k != "recipe"} if isinstance(s, dict) else s for n, s in value.items()} if recipes else value
+    for name, spec in named_arms(bare, where, "params", "{method: NAME, params: {KEY: VALUE, ...}, recipe: true|false}"):
         params = spec.get("params") or {}
         if not isinstance(params, dict):
             raise UserError(f"{where}: arm {name}: params is a mapping of the method's Config fields, e.g. {{clip_high: 0.28}}")
-        arms.append(ProbeArm(name, spec["method"], tuple(sorted(params.items()))))
+        for key, v in params.items():
+            if isinstance(v, dict) and (set(v) != {"drift"} or isinstance(v["drift"], bool) or not isinstance(v["drift"], (int, float))):
+                raise UserError(f"{where}: arm {name}: {key}: a scaled value is {{drift: NUMBER}} (NUMBER x the start's log-ratio sd)")
+        if not isinstance(recipes.get(name, True), bool):
+            raise UserError(f"{where}: arm {name}: recipe is true (the method's recipe's method.* values, the default) or false")
+        arms.append(ProbeArm(name, spec["method"], tuple(sorted(params.items())), recipes.get(name, True)))
     return tuple(arms)
 
 
-def train_start(pf: ProbeFile, start_dir: Path) -> None:
-    """The starting policy: grpo with the file's start overrides, trained into start_dir unless it is there
-    (an interrupted one continues from its last checkpoint)."""
+def train_start(pf: ProbeFile, start_dir: Path, seed: int = 0) -> None:
+    """A starting policy: grpo with the file's start overrides and train.seed = seed, trained into start_dir
+    unless it is there (an interrupted one continues from its last checkpoint)."""
     from thinkrl.study.grid import run_state
 
     state = run_state(start_dir)
@@ -99,7 +111,7 @@ def train_start(pf: ProbeFile, start_dir: Path) -> None:
     if state == "partial":
         cmd = [*base, "--resume", str(start_dir)]
     else:
-        overrides = [x for o in pf.start for x in ("-o", o)]
+        overrides = [x for o in [*pf.start, f"train.seed={seed}"] for x in ("-o", o)]
         cmd = [*base, "--method", "grpo", "--recipe", "none", *overrides, "--output-dir", str(start_dir)]
     print(f"probe: the starting policy: {' '.join(['thinkrl', *cmd[3:]])}", flush=True)
     if subprocess.run(cmd).returncode != 0:
