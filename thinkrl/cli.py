@@ -27,7 +27,7 @@ HELP = "thinkrl: compare GRPO-family policy-loss methods on one GPU (or a laptop
 app = typer.Typer(add_completion=False, rich_markup_mode="rich", no_args_is_help=True, pretty_exceptions_enable=False, help=HELP)
 _debug = False
 app.command("study")(study_command)  # the grid and its report (thinkrl/study/command.py)
-app.command("probe")(probe_command)  # one update of each method over paired replicates (thinkrl/probe/command.py)
+app.command("probe")(probe_command)  # one update of each method over independent starts and paired replicates (thinkrl/probe/command.py)
 app.command("config")(config_command)  # the config a train command runs with, before it runs (thinkrl/preview/command.py)
 app.command("serve")(serve_command)  # the vLLM server a rollout.engine=vllm_server run samples from (thinkrl/serve.py)
 

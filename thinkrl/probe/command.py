@@ -1,4 +1,4 @@
-"""`thinkrl probe`: one update of each method from one starting point, over hundreds of paired replicates."""
+"""`thinkrl probe`: one update of each method, over independent starting points and paired replicates within each."""
 
 from __future__ import annotations
 
