@@ -24,7 +24,7 @@ def study(
     run the same command again after an interruption (finished runs are kept, unfinished ones continue from
     their last checkpoint). `thinkrl study report DIR` reports whatever has finished."""
     from thinkrl.run.console import console  # here, not above: `thinkrl --help` imports this file
-    from thinkrl.study.grid import cells, last_error, open_study, run_grid, shell_line
+    from thinkrl.study.grid import cells, check_study_dir, last_error, open_study, run_grid, shell_line
     from thinkrl.study.spec import load_study
 
     if target == "report":
@@ -36,6 +36,8 @@ def study(
         raise UserError(f"thinkrl study {target} {directory}: one study file at a time (use --output-dir for the directory)")
     if jobs < 1:
         raise UserError(f"--jobs {jobs}: must be >= 1")
+    if output_dir is not None:
+        check_study_dir(output_dir)  # before any work
     spec = load_study(Path(target))
     study_dir = output_dir or Path("studies") / spec.name
     open_study(spec, study_dir)
@@ -57,15 +59,11 @@ def study(
 
 
 def _declared(directory: Path):
-    import yaml
+    from thinkrl.study.grid import DECLARED, read_declared
 
-    from thinkrl.study.grid import DECLARED
-    from thinkrl.study.spec import parse_study
-
-    path = directory / DECLARED
-    if not path.is_file():
+    if not (directory / DECLARED).is_file():
         raise UserError(f"{directory}: no {DECLARED}, so not a study directory (thinkrl study FILE creates one)")
-    return parse_study(yaml.safe_load(path.read_text()), str(path))
+    return read_declared(directory)
 
 
 def _report(spec, study_dir: Path) -> None:

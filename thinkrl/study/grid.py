@@ -22,16 +22,32 @@ from thinkrl.errors import UserError
 from thinkrl.run.checkpoint import complete_checkpoints
 from thinkrl.run.console import console, progress
 from thinkrl.run.lock import in_use
-from thinkrl.study.spec import Cell, Study, parse_study
+from thinkrl.study.spec import Cell, Study, parse_study, read_yaml
 
 DECLARED = "study.yaml"
 
 
+def check_study_dir(study_dir: Path) -> None:
+    """The study directory can be one: not an existing file (checked before anything runs)."""
+    if study_dir.exists() and not study_dir.is_dir():
+        raise UserError(f"--output-dir {study_dir} is a file, not a directory: name a new or empty directory for the study")
+
+
+def read_declared(study_dir: Path) -> Study:
+    """The study that study_dir/study.yaml declares, or one UserError saying it is damaged and what to do."""
+    declared = study_dir / DECLARED
+    try:
+        return parse_study(read_yaml(declared, "declared study", "written by thinkrl study"), str(declared))
+    except UserError as e:
+        raise UserError(f"{declared} is damaged ({e}); restore it from a copy, or start the study again in a new --output-dir") from None
+
+
 def open_study(study: Study, study_dir: Path) -> None:
     """Create the study directory with the declared study, or check that it holds this same study."""
+    check_study_dir(study_dir)
     declared = study_dir / DECLARED
     if declared.is_file():
-        before = parse_study(yaml.safe_load(declared.read_text()), str(declared))
+        before = read_declared(study_dir)
         if before != study:
             raise UserError(
                 f"{study_dir} holds another study ({declared}): its arms, seeds, metrics and comparisons were declared "
