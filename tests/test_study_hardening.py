@@ -7,12 +7,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
-from test_faults import error_line, run_cli
+from test_cli_e2e import invoke, tiny_args
+from test_faults import error_line, inject_nan, run_cli
 from test_study import spec
 
 from thinkrl.config.load import parse_override
 from thinkrl.errors import UserError
+from thinkrl.run.jsonl import read_jsonl
 from thinkrl.study.spec import load_study, parse_study
 
 
@@ -72,3 +75,17 @@ def test_a_deeply_nested_override_is_one_error_naming_the_key(tmp_path, capsys):
         load_study(path)
     code, err = run_cli(["train", "-o", "train.lr=" + "[" * 5000, "--output-dir", str(tmp_path / "run")], capsys)
     assert code == 2 and "train.lr" in error_line(err) and not (tmp_path / "run").exists()
+
+
+@pytest.mark.plain
+def test_a_skipped_step_logs_its_entropy_as_nan_and_every_step_its_thread_count(tiny_model_dir, tmp_path, monkeypatch):
+    """A step whose every update was skipped as NaN/inf measured no entropy: nan, never 0.0 (which a study would
+    average as a real value). Every metrics line records torch's thread count."""
+    out = tmp_path / "run"
+    inject_nan(monkeypatch, {2})
+    invoke(tiny_args(tiny_model_dir, out, 3, "-o", "train.max_nonfinite_steps=0"))
+    metrics = read_jsonl(out / "metrics.jsonl")
+    assert [m["update/skipped_nonfinite"] for m in metrics] == [0, 1, 0]
+    assert metrics[1]["entropy"] == "nan" and metrics[1]["loss"] == "nan"
+    assert all(isinstance(metrics[i]["entropy"], float) and metrics[i]["entropy"] > 0 for i in (0, 2))
+    assert [m["torch/threads"] for m in metrics] == [torch.get_num_threads()] * 3
