@@ -4,6 +4,7 @@ deeply to read. Each is one error line, never a traceback, and leaves no run beh
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,9 @@ from test_study import spec
 from thinkrl.config.load import parse_override
 from thinkrl.errors import UserError
 from thinkrl.run.jsonl import read_jsonl
+from thinkrl.study import stats
+from thinkrl.study.grid import open_study
+from thinkrl.study.report import write_report
 from thinkrl.study.spec import load_study, parse_study
 
 
@@ -89,3 +93,79 @@ def test_a_skipped_step_logs_its_entropy_as_nan_and_every_step_its_thread_count(
     assert metrics[1]["entropy"] == "nan" and metrics[1]["loss"] == "nan"
     assert all(isinstance(metrics[i]["entropy"], float) and metrics[i]["entropy"] > 0 for i in (0, 2))
     assert [m["torch/threads"] for m in metrics] == [torch.get_num_threads()] * 3
+
+
+# --- seeds that diverged or did not train
+
+
+def run_of(run_dir: Path, records: list[dict], seed: int) -> None:
+    """A finished run directory whose metrics.jsonl holds `records` (values as metrics.jsonl writes them)."""
+    steps = len(records)
+    (run_dir / "checkpoints" / f"step-{steps}").mkdir(parents=True)
+    (run_dir / "checkpoints" / f"step-{steps}" / "COMPLETE").write_text("")
+    (run_dir / "config.yaml").write_text(yaml.safe_dump({"train": {"steps": steps, "seed": seed}}))
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps({"step": i + 1, **r}) + "\n" for i, r in enumerate(records)))
+
+
+def good(reward: float, threads: int = 1) -> list[dict]:
+    return [
+        {"reward/mean": 0.1, "update/skipped_nonfinite": 0, "torch/threads": threads},
+        {"reward/mean": reward, "torch/threads": threads},
+    ]
+
+
+def test_a_diverged_or_untrained_seed_is_counted_and_left_out_of_the_comparison(tmp_path):
+    """base trains on seeds 0-3. a: seed 0's final reward is nan (diverged: never its last finite value), seed 1
+    skipped an update (did not train); b: every seed skipped every update. Hand-worked: a - base over seeds 2, 3
+    only = [0.2, 0.3]; b gets no verdict."""
+    s = parse_study(
+        spec(
+            seeds=4,
+            arms={"base": {"method": "grpo"}, "a": {"method": "gspo"}, "b": {"method": "cispo"}},
+            baseline="base",
+            metrics=["reward/mean"],
+        ),
+        "s",
+    )
+    d = tmp_path / "st"
+    open_study(s, d)
+    for seed in range(4):
+        run_of(d / "runs" / "base" / f"seed-{seed}", good(0.5, threads=1 if seed else 2), seed)
+        skipped = [{"reward/mean": 0.5, "update/skipped_nonfinite": 1, "entropy": "nan"}] * 2
+        run_of(d / "runs" / "b" / f"seed-{seed}", skipped, seed)
+    run_of(d / "runs" / "a" / "seed-0", [{"reward/mean": 0.9}, {"reward/mean": "nan"}], 0)
+    run_of(d / "runs" / "a" / "seed-1", [{"reward/mean": 0.9, "update/skipped_nonfinite": 1}, {"reward/mean": 0.9}], 1)
+    run_of(d / "runs" / "a" / "seed-2", good(0.7), 2)
+    run_of(d / "runs" / "a" / "seed-3", good(0.8), 3)
+    result = write_report(s, d)
+    a_arm, b_arm = result["arms"]["a"]["reward/mean"], result["arms"]["b"]["reward/mean"]
+    assert a_arm["n"] == 2 and a_arm["diverged"] == [0] and a_arm["did_not_train"] == [1] and a_arm["mean"] == pytest.approx(0.75)
+    assert b_arm["n"] == 0 and b_arm["did_not_train"] == [0, 1, 2, 3]
+    a, b = result["comparisons"]
+    assert a["seeds"] == [2, 3] and a["left_out"] == [0, 1]
+    assert a["paired"]["mean_diff"] == pytest.approx(stats.paired_difference([0.7, 0.8], [0.5, 0.5]).mean_diff)
+    assert "2 finished seed(s) left out" in a["verdict"]
+    assert b["paired"] is None and b["p_holm"] is None and "no verdict for b vs base: b has no sound seed (4 did not train" in b["verdict"]
+    text = (d / "report.md").read_text()
+    assert "| a | 2 | 0.75 |" in text and "| 1 | 1 |" in text and "| b | 0 | - | - to - | 0 | 4 |" in text
+    assert "| a - base | reward/mean | 2 (2 left out) |" in text
+    assert "different torch thread counts" in text and "base/seed-0: 2" in text and "base/seed-1: 1" in text
+    json.loads((d / "report.json").read_text())
+
+
+def test_one_thread_count_adds_no_note(tmp_path):
+    s = parse_study(spec(), "s")
+    d = tmp_path / "st"
+    open_study(s, d)
+    for arm in ("grpo", "dr"):
+        for seed in (0, 1):
+            run_of(d / "runs" / arm / f"seed-{seed}", good(0.5 + seed / 10 + (arm == "dr") / 5), seed)
+    write_report(s, d)
+    assert "thread counts" not in (d / "report.md").read_text()
+
+
+def test_no_spread_leaves_the_minimum_detectable_effect_undefined():
+    paired = stats.paired_difference([1.0, 2.0, 3.0], [1.0, 2.0, 3.0])  # every difference 0: no spread
+    words = stats.verdict(paired, 1.0, stats.minimum_detectable_effect(paired.sd, paired.n))
+    assert "no difference detected" in words and "detect a true difference of 0" not in words
+    assert "minimum detectable effect is undefined: the paired differences have no spread" in words

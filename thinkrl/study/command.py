@@ -68,11 +68,20 @@ def _declared(directory: Path):
 
 def _report(spec, study_dir: Path) -> None:
     from thinkrl.run.console import console
-    from thinkrl.study.report import write_report
+    from thinkrl.study.report import threads_note, write_report
+    from thinkrl.study.soundness import counts
 
     result = write_report(spec, study_dir)
+    for arm, per in result["arms"].items():
+        for metric, r in per.items():
+            unsound = {s: why for why, key in (("diverged", "diverged"), ("did not train", "did_not_train")) for s in r[key]}
+            if unsound:
+                seeds = ", ".join(map(str, sorted(unsound)))
+                console.print(f"[yellow]{arm}, {metric}: {counts(unsound)} (seeds {seeds}); left out of its comparisons[/]", soft_wrap=True)
     for c in result["comparisons"]:
         console.print(f"- {c['verdict']}", soft_wrap=True, markup=False)
     if result["missing"]:
         console.print(f"not finished (left out of the report): {', '.join(result['missing'])}", soft_wrap=True)
+    if threads_note(result["threads"]):
+        console.print(threads_note(result["threads"]), soft_wrap=True, markup=False)
     console.print(f"report: {study_dir / 'report.md'} (and report.json, curves.png)")

@@ -288,9 +288,11 @@ def verdict(
         better = hi_name if higher_is_better else lo_name
         direction = "higher" if higher_is_better else "lower"
         return f"{measured}; {direction} is better, so {better} did better on these {unit}"
-    mde_text = (
+    mde_text = (  # an MDE of 0 (no spread) would claim every difference detectable
         f"these {paired.n} {unit} detect a true difference of {_num(mde)} or more {power * 100:g}% of the time"
-        if math.isfinite(mde)
+        if math.isfinite(mde) and mde > 0
+        else "the minimum detectable effect is undefined: the paired differences have no spread"
+        if mde == 0
         else f"the smallest difference these {unit} could detect is unknown"
     )
     return (
