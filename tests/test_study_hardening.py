@@ -5,6 +5,7 @@ deeply to read. Each is one error line, never a traceback, and leaves no run beh
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -169,3 +170,70 @@ def test_no_spread_leaves_the_minimum_detectable_effect_undefined():
     words = stats.verdict(paired, 1.0, stats.minimum_detectable_effect(paired.sd, paired.n))
     assert "no difference detected" in words and "detect a true difference of 0" not in words
     assert "minimum detectable effect is undefined: the paired differences have no spread" in words
+
+
+NAN_PLUGIN = '''"""nanpg: a loss that is always NaN, so every update is skipped (a method that does not train)."""
+
+from dataclasses import dataclass
+
+from thinkrl.methods import Method, register
+from thinkrl.methods._common import Reduction
+
+
+@dataclass
+class Config(Reduction):
+    """The shared reduction fields only."""
+
+
+@register("nanpg_study_test")
+class NanPG(Method[Config]):
+    """Always NaN."""
+
+    def loss(self, batch):
+        return (batch.logp * float("nan")).sum(), {}
+'''
+
+
+@pytest.mark.plain
+def test_a_method_that_never_trains_gets_no_verdict_and_changed_inputs_are_refused(tiny_model_dir, tmp_path, capsys, monkeypatch):
+    """grpo against a plugin whose loss is always NaN, 2 steps (under train.max_nonfinite_steps): every update of
+    nanpg is skipped, so its seeds did not train and the study states no verdict. Then the study's config file and
+    its plugin change: a rerun in the same directory is refused naming the file, and nothing more runs."""
+    plugins = tmp_path / "plugins"
+    plugins.mkdir()
+    (plugins / "nanpg.py").write_text(NAN_PLUGIN)
+    config = tmp_path / "regime.yaml"
+    config.write_text("train:\n  lr: 0.05\n")
+    shared = tiny_args(tiny_model_dir, tmp_path / "unused", 2)
+    overrides = [shared[i + 1] for i, a in enumerate(shared) if a == "-o" and not shared[i + 1].startswith("train.lr")]
+    raw = spec(
+        overrides=[*overrides, f"model.name={tiny_model_dir}"],
+        arms={"grpo": {"method": "grpo"}, "nanpg": {"method": "nanpg_study_test"}},
+        metrics=["reward/mean", "entropy"],
+        config=str(config),
+        plugins=str(plugins),
+    )
+    path = write(tmp_path, yaml.safe_dump(raw, sort_keys=False))
+    out = tmp_path / "st"
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")) if p))
+    code = run_cli(["study", str(path), "--output-dir", str(out), "--jobs", "2"], capsys)[0]
+    printed = capsys.readouterr()
+    result = json.loads((out / "report.json").read_text())
+    assert result["arms"]["nanpg"]["reward/mean"]["did_not_train"] == [0, 1] and result["arms"]["nanpg"]["reward/mean"]["n"] == 0
+    for c in result["comparisons"]:
+        assert c["paired"] is None and "no verdict for nanpg vs grpo: nanpg has no sound seed (2 did not train" in c["verdict"]
+    assert read_jsonl(out / "runs" / "nanpg" / "seed-0" / "metrics.jsonl")[0]["entropy"] == "nan"
+    assert code == 0, printed
+    assert json.loads((out / "inputs.json").read_text()).keys() == {str(config), str(plugins / "nanpg.py")}
+
+    runs = sorted(p.name for p in (out / "runs").rglob("*"))
+    config.write_text("train:\n  lr: 0.5\n")  # the regime changed under the finished runs
+    code, err = run_cli(["study", str(path), "--output-dir", str(out)], capsys)
+    line = error_line(err)
+    assert code == 2 and f"{config} changed since the study in {out} started" in line and "new --output-dir" in line
+    config.write_text("train:\n  lr: 0.05\n")  # restored: accepted again (nothing left to run)
+    assert run_cli(["study", str(path), "--output-dir", str(out), "--commands"], capsys)[0] == 0
+    (plugins / "nanpg.py").write_text(NAN_PLUGIN + "\n# edited\n")
+    code, err = run_cli(["study", str(path), "--output-dir", str(out), "--commands"], capsys)
+    assert code == 2 and f"{plugins / 'nanpg.py'} changed" in error_line(err)
+    assert sorted(p.name for p in (out / "runs").rglob("*")) == runs

@@ -39,6 +39,10 @@ def study(
     if output_dir is not None:
         check_study_dir(output_dir)  # before any work
     spec = load_study(Path(target))
+    if spec.plugins:  # its methods are known here too: the inputs and metrics checks build each arm's config
+        from thinkrl.methods import load_plugins
+
+        load_plugins(spec.plugins)
     study_dir = output_dir or Path("studies") / spec.name
     open_study(spec, study_dir)
     if commands:
