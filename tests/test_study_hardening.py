@@ -237,3 +237,24 @@ def test_a_method_that_never_trains_gets_no_verdict_and_changed_inputs_are_refus
     code, err = run_cli(["study", str(path), "--output-dir", str(out), "--commands"], capsys)
     assert code == 2 and f"{plugins / 'nanpg.py'} changed" in error_line(err)
     assert sorted(p.name for p in (out / "runs").rglob("*")) == runs
+
+
+def test_a_metric_no_arm_logs_is_refused_before_anything_runs(tmp_path, capsys):
+    """The trainer's keys, the eval/ family and what each arm's method returns are known; a typo is not. gspo logs
+    ratio/seq_mean, grpo does not; grpo logs kl/ref only with method.beta > 0."""
+    for metrics, bad in [
+        (["reward/mean", "rewrd/mean"], "rewrd/mean"),
+        (["kl/ref"], "kl/ref"),
+        (["reward/mean", "ratio/seq_mean", "entropy", "eval/arith/accuracy", "torch/threads"], None),
+    ]:
+        path = write(tmp_path, yaml.safe_dump(spec(arms={"grpo": {"method": "grpo"}, "gspo": {"method": "gspo"}}, metrics=metrics)))
+        out = tmp_path / f"st-{bad}"
+        code, err = run_cli(["study", str(path), "--output-dir", str(out), "--commands"], capsys)
+        if bad is None:
+            assert code == 0, err
+            continue
+        line = error_line(err)
+        assert code == 2 and f"metric {bad!r} is logged by no arm" in line and "known: " in line and "ratio/seq_mean" in line
+        assert not out.exists()
+    path = write(tmp_path, yaml.safe_dump(spec(metrics=["kl/ref"], overrides=["train.steps=2", "method.beta=0.04"])))
+    assert run_cli(["study", str(path), "--output-dir", str(tmp_path / "beta"), "--commands"], capsys)[0] == 0

@@ -43,6 +43,9 @@ def study(
         from thinkrl.methods import load_plugins
 
         load_plugins(spec.plugins)
+    from thinkrl.study.known import check_metrics
+
+    check_metrics(spec, target)  # a metric no arm logs, refused before anything runs
     study_dir = output_dir or Path("studies") / spec.name
     open_study(spec, study_dir)
     if commands:

@@ -21,16 +21,14 @@ INPUTS = "inputs.json"
 
 def read_files(study: Study) -> list[Path]:
     """Every file the study's runs read besides the model: config, named data files, plugin files (sorted, unique)."""
-    from thinkrl.settings import load_config, recipe_flag
+    from thinkrl.study.known import arm_config
 
     files = [Path(study.config)] if study.config else []
     if study.plugins and Path(study.plugins).is_dir():
         files += sorted(p for p in Path(study.plugins).glob("*.py") if not p.name.startswith(("_", "test_")))
     for arm in study.arms:
-        cfg = load_config(
-            study.config, [*study.overrides, *arm.overrides], recipe=recipe_flag(study.recipe, False), **{"method.name": arm.method}
-        )
-        for name in [cfg.data.name, *cfg.eval.datasets]:
+        cfg = arm_config(study, arm)
+        for name in [cfg.data.name, *cfg.eval.datasets] if cfg is not None else []:
             if isinstance(name, str) and Path(name).is_file():
                 files.append(Path(name))
     return list(dict.fromkeys(files))
