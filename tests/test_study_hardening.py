@@ -35,7 +35,10 @@ def test_an_arm_written_twice_is_refused_naming_it(tmp_path, capsys):
         tmp_path,
         "name: t\nseeds: 2\nmetrics: [reward/mean]\narms:\n  grpo: {method: grpo}\n  dr: {method: dr_grpo}\n  grpo: {method: gspo}\n",
     )
-    code, err = run_cli(["study", str(path), "--output-dir", str(tmp_path / "st")], capsys)
+    # --commands: never trains, even if the check broke
+    code, err = run_cli(
+        ["study", str(path), "--output-dir", str(tmp_path / "st"), "--commands"], capsys
+    )  # never trains, even if the check broke
     line = error_line(err)
     assert code == 2 and "key 'grpo' appears twice" in line and "line 7" in line
     assert not (tmp_path / "st").exists()  # refused before anything ran
