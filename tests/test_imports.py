@@ -49,8 +49,10 @@ ALLOWED: dict[str, set[str]] = {
         "sharding",
         "verifier",
     },
-    # a study runs ordinary runs (as commands) and reads their directories back; a probe takes one update apart
-    "study": {"config", "errors", "run", "settings"},
+    # a study runs ordinary runs (as commands) and reads their directories back; before it runs, it loads its
+    # plugins and calls each arm's method once on a synthetic batch to learn its metric names (study/known.py);
+    # a probe takes one update apart
+    "study": {"batch", "config", "errors", "methods", "run", "settings"},
     "probe": {
         "accel",
         "study",

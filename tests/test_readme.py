@@ -141,7 +141,9 @@ def trained(monkeypatch) -> list:
     monkeypatch.setattr(thinkrl.run.export, "export", lambda source, out, merge, dtype: out)
     # a study's grid and a probe's measurements are real runs: stubbed like training (their files are checked)
     monkeypatch.setattr(thinkrl.study.grid, "run_grid", lambda study, study_dir, jobs: [])
-    monkeypatch.setattr(thinkrl.study.report, "write_report", lambda study, study_dir: {"comparisons": [], "missing": []})
+    monkeypatch.setattr(
+        thinkrl.study.report, "write_report", lambda study, study_dir: {"comparisons": [], "missing": [], "arms": {}, "threads": {}}
+    )
     monkeypatch.setattr(
         thinkrl.study.command, "_declared", lambda directory: load_study(ROOT / "examples" / "study" / f"{directory.name}.yaml")
     )

@@ -117,6 +117,8 @@ def parse_override(text: str) -> tuple[str, Any]:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except (yaml.YAMLError, ValueError):  # ValueError: an integer past Python's 4,300-digit limit
         value = raw
+    except RecursionError:  # thousands of nested [ or {: no setting is that deep
+        raise UserError(f"-o {key.strip()[:120]}=...: the value nests too deeply to read; write a plain value") from None
     return key.strip(), value
 
 

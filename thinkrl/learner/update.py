@@ -255,6 +255,7 @@ def _metrics(ctx: UpdateContext, st: _Step, step_metrics: dict[str, Tensor]) -> 
     out.update(distributed.mean_dicts({k: float(v) for k, v in step_metrics.items()}))
     if st.skipped and not st.updates:  # nothing applied: show the failure, not a clean 0.0
         out["loss"] = out["grad_norm"] = float("nan")
+    out.update({} if tokens else {"entropy": float("nan")})  # no token of an applied update: not measured, never 0.0
     out["update/optimizer_steps"] = st.updates
     out["update/skipped_nonfinite"] = st.skipped
     out["lr"] = ctx.scheduler.get_last_lr()[0]

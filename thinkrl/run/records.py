@@ -7,7 +7,10 @@ already global (thinkrl/learner/update.py reduces them). Only rank 0 writes.
 
 A step that trained on nothing (dynamic sampling kept no group with a reward spread) logs what it did not
 measure as NaN ("nan" in metrics.jsonl, which readers skip): loss, entropy, grad_norm (no update ran), and, with
-no completion kept, the reward, length and zero-std statistics. A 0 there would read as a measurement.
+no completion kept, the reward, length and zero-std statistics. A 0 there would read as a measurement. So does a
+step whose every update was skipped as NaN/inf: its loss and grad_norm are nan, and its entropy too (no token of an
+applied update was measured; thinkrl/learner/update.py). Every line also records torch/threads, the process's
+torch.get_num_threads() (CPU arithmetic, and so a seed's numbers, can depend on it).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ def step_record(step: int, samples, upd: dict, astats: dict, times: dict) -> dic
     n_tok = sum(rows["lengths"])
     record["tokens/s"] = n_tok / max(record["time/step"], 1e-9)
     record["generate/tokens_per_s"] = n_tok / max(record["time/generate"], 1e-9)
+    record["torch/threads"] = torch.get_num_threads()  # CPU results depend on it (a study notes seeds that differ)
     return record
 
 

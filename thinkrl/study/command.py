@@ -24,7 +24,7 @@ def study(
     run the same command again after an interruption (finished runs are kept, unfinished ones continue from
     their last checkpoint). `thinkrl study report DIR` reports whatever has finished."""
     from thinkrl.run.console import console  # here, not above: `thinkrl --help` imports this file
-    from thinkrl.study.grid import cells, last_error, open_study, run_grid, shell_line
+    from thinkrl.study.grid import cells, check_study_dir, last_error, open_study, run_grid, shell_line
     from thinkrl.study.spec import load_study
 
     if target == "report":
@@ -36,7 +36,16 @@ def study(
         raise UserError(f"thinkrl study {target} {directory}: one study file at a time (use --output-dir for the directory)")
     if jobs < 1:
         raise UserError(f"--jobs {jobs}: must be >= 1")
+    if output_dir is not None:
+        check_study_dir(output_dir)  # before any work
     spec = load_study(Path(target))
+    if spec.plugins:  # its methods are known here too: the inputs and metrics checks build each arm's config
+        from thinkrl.methods import load_plugins
+
+        load_plugins(spec.plugins)
+    from thinkrl.study.known import check_metrics
+
+    check_metrics(spec, target)  # a metric no arm logs, refused before anything runs
     study_dir = output_dir or Path("studies") / spec.name
     open_study(spec, study_dir)
     if commands:
@@ -57,24 +66,29 @@ def study(
 
 
 def _declared(directory: Path):
-    import yaml
+    from thinkrl.study.grid import DECLARED, read_declared
 
-    from thinkrl.study.grid import DECLARED
-    from thinkrl.study.spec import parse_study
-
-    path = directory / DECLARED
-    if not path.is_file():
+    if not (directory / DECLARED).is_file():
         raise UserError(f"{directory}: no {DECLARED}, so not a study directory (thinkrl study FILE creates one)")
-    return parse_study(yaml.safe_load(path.read_text()), str(path))
+    return read_declared(directory)
 
 
 def _report(spec, study_dir: Path) -> None:
     from thinkrl.run.console import console
-    from thinkrl.study.report import write_report
+    from thinkrl.study.report import threads_note, write_report
+    from thinkrl.study.soundness import counts
 
     result = write_report(spec, study_dir)
+    for arm, per in result["arms"].items():
+        for metric, r in per.items():
+            unsound = {s: why for why, key in (("diverged", "diverged"), ("did not train", "did_not_train")) for s in r[key]}
+            if unsound:
+                seeds = ", ".join(map(str, sorted(unsound)))
+                console.print(f"[yellow]{arm}, {metric}: {counts(unsound)} (seeds {seeds}); left out of its comparisons[/]", soft_wrap=True)
     for c in result["comparisons"]:
         console.print(f"- {c['verdict']}", soft_wrap=True, markup=False)
     if result["missing"]:
         console.print(f"not finished (left out of the report): {', '.join(result['missing'])}", soft_wrap=True)
+    if threads_note(result["threads"]):
+        console.print(threads_note(result["threads"]), soft_wrap=True, markup=False)
     console.print(f"report: {study_dir / 'report.md'} (and report.json, curves.png)")

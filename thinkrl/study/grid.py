@@ -1,13 +1,15 @@
 """Running a study's grid: one ordinary `thinkrl train` run per arm and seed, N at a time, resumable.
 
 A study directory holds study.yaml (the study as declared when it first ran: its metrics and comparisons may not
-change afterwards), runs/ARM/seed-K/ (run directories), logs/ARM-seed-K.log (each run's output) and the report.
+change afterwards), inputs.json (the sha256 of every file it reads: thinkrl/study/inputs.py), runs/ARM/seed-K/
+(run directories), logs/ARM-seed-K.log (each run's output) and the report.
 A run whose final checkpoint exists is done; one with a config.yaml continues with --resume; every run is a
 plain command line (`--commands` prints them), so any scheduler can run the grid instead.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import signal
@@ -22,26 +24,46 @@ from thinkrl.errors import UserError
 from thinkrl.run.checkpoint import complete_checkpoints
 from thinkrl.run.console import console, progress
 from thinkrl.run.lock import in_use
-from thinkrl.study.spec import Cell, Study, parse_study
+from thinkrl.study import inputs
+from thinkrl.study.spec import Cell, Study, parse_study, read_yaml
 
 DECLARED = "study.yaml"
 
 
+def check_study_dir(study_dir: Path) -> None:
+    """The study directory can be one: not an existing file (checked before anything runs)."""
+    if study_dir.exists() and not study_dir.is_dir():
+        raise UserError(f"--output-dir {study_dir} is a file, not a directory: name a new or empty directory for the study")
+
+
+def read_declared(study_dir: Path) -> Study:
+    """The study that study_dir/study.yaml declares, or one UserError saying it is damaged and what to do."""
+    declared = study_dir / DECLARED
+    try:
+        return parse_study(read_yaml(declared, "declared study", "written by thinkrl study"), str(declared))
+    except UserError as e:
+        raise UserError(f"{declared} is damaged ({e}); restore it from a copy, or start the study again in a new --output-dir") from None
+
+
 def open_study(study: Study, study_dir: Path) -> None:
     """Create the study directory with the declared study, or check that it holds this same study."""
+    check_study_dir(study_dir)
     declared = study_dir / DECLARED
     if declared.is_file():
-        before = parse_study(yaml.safe_load(declared.read_text()), str(declared))
+        before = read_declared(study_dir)
         if before != study:
             raise UserError(
                 f"{study_dir} holds another study ({declared}): its arms, seeds, metrics and comparisons were declared "
                 "before it ran and may not change; use another --output-dir for the new study"
             )
+        inputs.check(study, study_dir)  # the files it reads: the same bytes as when it started
         return
     if study_dir.exists() and any(study_dir.iterdir()):
         raise UserError(f"{study_dir} is not empty and holds no {DECLARED}: use a new or empty --output-dir for the study")
+    prints = inputs.fingerprint(study)  # before the directory exists: a bad config or data name leaves none
     study_dir.mkdir(parents=True, exist_ok=True)
     declared.write_text(study.to_yaml())
+    (study_dir / inputs.INPUTS).write_text(json.dumps(prints, indent=1) + "\n")
 
 
 def cells(study: Study, study_dir: Path) -> list[Cell]:

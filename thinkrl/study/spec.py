@@ -31,7 +31,7 @@ from thinkrl.config.load import parse_override
 from thinkrl.errors import UserError
 
 PAIRING_KEYS = ("train.seed", "data.", "prompt.", "rollout.prompts_per_step")  # an arm setting these breaks the pairing
-ARM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")  # a directory name
+ARM_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")  # a directory name, matched whole (fullmatch: no trailing newline)
 
 
 @dataclass(frozen=True)
@@ -87,13 +87,38 @@ def load_study(path: Path) -> Study:
 
 
 def read_yaml(path: Path, what: str, hint: str) -> Any:
-    """The parsed YAML of a study or probe file, or one UserError saying what is wrong with it."""
+    """The parsed YAML of a study or probe file, or one UserError saying what is wrong with it. A key written
+    twice in one mapping is refused (plain YAML keeps the last one silently: an arm would vanish)."""
     if not path.is_file():
         raise UserError(f"{what} {path} not found ({hint})")
     try:
-        return yaml.safe_load(path.read_text())
+        return yaml.load(path.read_text(), Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
     except yaml.YAMLError as e:
         raise UserError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
+    except (UnicodeDecodeError, RecursionError) as e:
+        why = "not UTF-8 text" if isinstance(e, UnicodeDecodeError) else "nested too deeply"
+        raise UserError(f"{path}: not a readable YAML file ({why})") from None
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.safe_load that refuses a key written twice in one mapping, naming the key and its line."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen: set = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=True)
+                if isinstance(key, (str, int, float, bool)) or key is None:
+                    if key in seen:
+                        raise yaml.constructor.ConstructorError(
+                            None,
+                            None,
+                            f"key {key!r} appears twice in one mapping (line {key_node.start_mark.line + 1}): "
+                            "YAML would keep only the last; rename or remove one",
+                            key_node.start_mark,
+                        )
+                    seen.add(key)
+        return super().construct_mapping(node, deep=deep)
 
 
 def parse_study(raw: Any, where: str) -> Study:
@@ -134,7 +159,7 @@ def named_arms(value: Any, where: str, second: str, shape: str) -> list[tuple[st
     if not isinstance(value, dict) or len(value) < 2:
         raise UserError(f"{where}: arms needs two or more named arms, e.g. arms: {{grpo: {{method: grpo}}, gspo: {{method: gspo}}}}")
     for name, spec in value.items():
-        if not ARM_NAME.match(str(name)):
+        if not ARM_NAME.fullmatch(str(name)):
             raise UserError(f"{where}: arm name {str(name)!r} must be a plain directory name (letters, digits, _ . -)")
         if not isinstance(spec, dict) or not isinstance(spec.get("method"), str) or set(spec) - {"method", second}:
             raise UserError(f"{where}: arm {name}: write {shape}")
@@ -190,6 +215,8 @@ def _comparisons(raw: dict, names: list[str], where: str) -> tuple[tuple[str, st
     if baseline not in names:
         raise UserError(f"{where}: baseline {baseline!r} is not an arm; arms: {', '.join(names)}")
     pairs = raw.get("comparisons") or [[n, baseline] for n in names if n != baseline]
+    if not isinstance(pairs, list):
+        raise UserError(f"{where}: comparisons is a list of [ARM, OTHER_ARM] pairs of arms {', '.join(names)}")
     out = []
     for pair in pairs:
         if not (isinstance(pair, list) and len(pair) == 2 and all(p in names for p in pair) and pair[0] != pair[1]):

@@ -217,10 +217,9 @@ def holm(p_values: list[float]) -> list[float]:
     return adjusted
 
 
-# Both power functions use the usual normal-shift approximation: under a true mean difference `effect` the
-# paired t statistic is treated as a central t shifted by effect * sqrt(n) / sd. Exact power needs the
-# noncentral t distribution; by simulation the approximation overstates power by about 3 points at n = 3 and by
-# well under one at n = 12.
+# Both power functions use the usual normal-shift approximation: under a true mean difference `effect` the paired t
+# statistic is treated as a central t shifted by effect * sqrt(n) / sd. Exact power needs the noncentral t distribution;
+# by simulation the approximation overstates power by about 3 points at n = 3 and by well under one at n = 12.
 
 
 def minimum_detectable_effect(sd: float, n: int, alpha: float = 0.05, power: float = 0.8) -> float:
@@ -288,10 +287,10 @@ def verdict(
         better = hi_name if higher_is_better else lo_name
         direction = "higher" if higher_is_better else "lower"
         return f"{measured}; {direction} is better, so {better} did better on these {unit}"
-    mde_text = (
+    mde_text = (  # an MDE of 0 (no spread) would claim every difference detectable: undefined
         f"these {paired.n} {unit} detect a true difference of {_num(mde)} or more {power * 100:g}% of the time"
-        if math.isfinite(mde)
-        else f"the smallest difference these {unit} could detect is unknown"
+        if 0 < mde < math.inf
+        else f"the minimum detectable effect is {'undefined: the paired differences have no spread' if mde == 0 else 'unknown'}"
     )
     return (
         f"{metric}: no difference detected between {a_name} and {b_name} at alpha {alpha:g} "
