@@ -58,19 +58,22 @@ def probe(
 
     flags = {"replicates": replicates, "groups": groups, "stale_prompts": stale_prompts, "stale_updates": stale_updates,
              "reference_prompts": reference_prompts, "seed": seed, "old_policy": old_policy, "starts": starts}  # fmt: skip
-    taken = [
-        f for f, v in (("--methods", methods), ("--from", start), ("--model", model), ("--dataset", dataset), ("--config", config)) if v
-    ]
-    if file is not None and taken:
-        raise UserError(f"{taken[0]} with a probe file: the file names the arms, the starting run and the regime; drop {taken[0]}")
-    if start is not None and (config is not None or model is not None):
-        raise UserError("--from takes the model and config of the run; drop --config / --model (-o still applies)")
+    _check_sources(file, {"--methods": methods, "--from": start, "--model": model, "--dataset": dataset, "--config": config})
     ps, pf, extra, output = _probe_settings(file, methods, flags, output)
     if only_start is not None and not 0 <= only_start < ps.starts:
         raise UserError(f"--only-start {only_start}: this probe has starts 0 to {ps.starts - 1}")
     check_output(output)  # before any work: a file in the way would otherwise fail only at the end
     regime = {"model.name": model, "data.name": dataset, "config": config, "from": start, "overrides": [*extra, *override]}
     run_starts(output, ps, pf, regime, only_start)
+
+
+def _check_sources(file: Path | None, given: dict) -> None:
+    """A probe file names the arms, the start and the regime; --from names the model and config."""
+    taken = [flag for flag, v in given.items() if v]
+    if file is not None and taken:
+        raise UserError(f"{taken[0]} with a probe file: the file names the arms, the starting run and the regime; drop {taken[0]}")
+    if given["--from"] is not None and (given["--config"] is not None or given["--model"] is not None):
+        raise UserError("--from takes the model and config of the run; drop --config / --model (-o still applies)")
 
 
 def check_output(output: Path) -> None:

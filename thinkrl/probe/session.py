@@ -81,18 +81,7 @@ def run_probe(
     with probe_pass(policy):
         d, kl = directions(policy, params, ref, theta0, renyi)
     arms = tuple(as_arm(a).resolved(budget, drift) for a in ps.methods)  # drift-scaled parameters: this start's
-    start = {
-        "reward_mean": float(data.s.rewards.mean()),
-        "reference_reward_mean": float(fresh.rewards.mean()),
-        "reference_grad_norm": float(d.g_ref.norm()),
-        "kl_start_to_probed": kl,  # KL(theta0 || theta1) over the reference positions: how far the stale steps went
-        "sampler_k3": data.mismatch_k3(),  # KL(mu || pi_old) per token: 0 unless pi_old is recomputed (an fp8 sampler)
-        "log_ratio_sd": drift,  # sd of log theta1 / pi_old per replicate token: how far the stale steps moved
-        "answer_tokens": float(data.s.comp.lengths.float().mean()),
-        "arms": {a.label: dict(a.params) for a in arms},
-        "sampling_seconds": t_sampled - t0,  # model load and the replicates' rollouts
-        "setup_seconds": time.perf_counter() - t0,
-    }
+    start = {**_begin(data, fresh, d, kl, drift, arms), "sampling_seconds": t_sampled - t0, "setup_seconds": time.perf_counter() - t0}
     G = data.s.group_size
     console.print(
         f"probe: {ps.stale_updates} grpo steps on {ps.stale_prompts} x {G} rollouts, a reference of {ps.reference_prompts} x {G}, "
@@ -103,6 +92,20 @@ def run_probe(
         results = run_replicates(policy, params, data, d, replace(ps, methods=arms), lambda n: bar.advance(task, n))
     start["seconds"] = time.perf_counter() - t0
     return results, start
+
+
+def _begin(data: Rollouts, fresh: StepSamples, d, kl: float, drift: float, arms) -> dict:
+    """What this start's probed policy looked like, for the report."""
+    return {
+        "reward_mean": float(data.s.rewards.mean()),
+        "reference_reward_mean": float(fresh.rewards.mean()),
+        "reference_grad_norm": float(d.g_ref.norm()),
+        "kl_start_to_probed": kl,  # KL(theta0 || theta1) over the reference positions: how far the stale steps went
+        "sampler_k3": data.mismatch_k3(),  # KL(mu || pi_old) per token: 0 unless pi_old is recomputed (an fp8 sampler)
+        "log_ratio_sd": drift,  # sd of log theta1 / pi_old per replicate token: how far the stale steps moved
+        "answer_tokens": float(data.s.comp.lengths.float().mean()),
+        "arms": {a.label: dict(a.params) for a in arms},
+    }
 
 
 def _reference(ctx: RolloutContext, policy, order: list, ps: ProbeSettings, device) -> StepSamples:
