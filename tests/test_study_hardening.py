@@ -241,6 +241,13 @@ def test_a_method_that_never_trains_gets_no_verdict_and_changed_inputs_are_refus
     assert code == 2 and f"{plugins / 'nanpg.py'} changed" in error_line(err)
     assert sorted(p.name for p in (out / "runs").rglob("*")) == runs
 
+    # the converse of the refusal: every key a real run logged is one a study may declare
+    logged = sorted({k for r in read_jsonl(out / "runs" / "grpo" / "seed-0" / "metrics.jsonl") for k in r})
+    (tmp_path / "every").mkdir()
+    every = write(tmp_path / "every", yaml.safe_dump({**raw, "metrics": logged}, sort_keys=False))
+    code, err = run_cli(["study", str(every), "--output-dir", str(tmp_path / "st2"), "--commands"], capsys)
+    assert code == 0, err
+
 
 def test_a_metric_no_arm_logs_is_refused_before_anything_runs(tmp_path, capsys):
     """The trainer's keys, the eval/ family and what each arm's method returns are known; a typo is not. gspo logs
