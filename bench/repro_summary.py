@@ -43,13 +43,13 @@ class Row:
     base: str
     expected: int  # the sign of arm - base the claim predicts
     role: str = "primary"  # primary | control (a positive control) | earlier (a superseded file): own words, no verdict
-    controls: tuple[str, ...] = ()  # arms that clip nothing: does the paper's arm beat them too?
+    controls: tuple[str, ...] = ()  # arms that clip nothing (or sis_all: the test forced): does the arm beat them too?
     interpretation: bool = False  # the method is the project's reading of an abstract, not a paper's code
 
 
 NO_CLIP = ("cispo", "reinforce")
 ROWS = (
-    Row("sis", "probe", "sis", "cos_ref", ("sis", "sis_all"), "grpo", +1, controls=NO_CLIP),
+    Row("sis", "probe", "sis", "cos_ref", ("sis", "sis_all"), "grpo", +1, controls=(*NO_CLIP, "sis_all")),
     Row("drpo", "probe", "drpo", "cos_ref", ("drpo", "dppo"), "grpo", +1, controls=NO_CLIP),
     Row("ctpo", "probe", "ctpo", "cos_ref", ("ctpo", "ctpo_scaled", "gspo"), "grpo", +1, controls=NO_CLIP),
     Row("stare", "probe", "stare", "entropy_slope", ("stare",), "dapo", +1),
@@ -138,7 +138,7 @@ def _line(row: Row, arm: str) -> str | None:
     if c is None:
         return None
     p, primary = c["paired"], row.role == "primary"
-    pv = c["p_holm"] if primary else c.get("p")
+    pv = c["p_holm"] if primary else c.get("p", c["paired"].get("p"))  # a study's report keeps p in "paired"
     sd = c.get("between_start_sd")
     paper = f"{row.paper} (INTERPRETATION)" if row.interpretation else row.paper
     cmd = f"`thinkrl {row.kind} bench/repro/{FOLDER[row.kind]}/{row.file}.yaml`"
@@ -187,7 +187,7 @@ def controls_table() -> str:
     for row in ROWS:
         report = result(row.kind, row.file) if row.controls else None
         for arm in row.arms if report else ():
-            for other in row.controls:
+            for other in (o for o in row.controls if o != arm):
                 c = control(report, arm, other, row.measure)
                 if c is not None:
                     p = c["paired"]
