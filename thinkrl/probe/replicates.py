@@ -122,8 +122,9 @@ def _loss(m, data: Rollouts, rows: Tensor, lp, span: slice):
     entropy = lp.entropy[span, :T].detach() if lp.entropy is not None else None
     at_topk = lp.topk_logp[span, :T] if "topk_logp" in m.requires and lp.topk_logp is not None else None
     batch = data.batch(m, rows, lp.logp[span, :T], entropy, at_topk)
-    method_calls.begin_step(m, replace(batch, logp=batch.logp.detach()))
-    return method_calls.loss(m, batch)
+    began = method_calls.begin_step(m, replace(batch, logp=batch.logp.detach()))  # e.g. ais's alpha for this batch
+    loss, metrics = method_calls.loss(m, batch)
+    return loss, {**began, **metrics}
 
 
 def _measures(g: Tensor, metrics: dict, d: Directions, ref_norm: float) -> dict:
