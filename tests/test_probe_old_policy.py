@@ -58,6 +58,9 @@ def test_recomputed_pi_old_is_the_trainers_log_prob_and_ais_weights_then_differ_
     out = replicate(policy, params, data, arms, rows, d)
     assert out["ais0"]["grad_norm"] == pytest.approx(out["grpo"]["grad_norm"], rel=1e-5)  # alpha 0: uncorrected grpo
     assert out["ais1"]["grad_norm"] != pytest.approx(out["grpo"]["grad_norm"], rel=1e-4)  # weights min(pi_old / mu, 2)
+    adaptive = replicate(policy, params, data, ["grpo", "ais"], rows, d)["ais"]["metrics"]
+    assert adaptive["ais/alpha"] == adaptive["ais/alpha_batch"]  # begin_step's alpha for this batch, kept per replicate
+    assert out["ais1"]["metrics"]["ais/alpha"] == 1.0 and "ais/weight_mean" in out["ais1"]["metrics"]
 
 
 def test_the_reference_is_sampled_at_the_trainers_precision(tiny_model_dir, monkeypatch):
