@@ -131,4 +131,4 @@ def test_the_readme_commands_on_the_bundled_model_run(tmp_path):
     assert report["missing"] == [] and [len(c["seeds"]) for c in report["comparisons"]] == [4, 4]
     assert all(c["mde"] is not None for c in report["comparisons"])
     probe = json.loads((tmp_path / "probe" / "probe.json").read_text())
-    assert probe["replicates"] == 3 and set(probe["methods"]) == {"grpo", "gspo", "cispo"}
+    assert probe["replicates"] == [3] and set(probe["methods"]) == {"grpo", "gspo", "cispo"}
