@@ -120,13 +120,22 @@ def test_fake_fp8_rounds_each_row_to_its_own_scale():
     assert torch.allclose(q[1], w[1], rtol=0.07) and q[1, 2] == pytest.approx(3e-3)  # the row's own scale
 
 
-def test_fake_fp4_rounds_to_the_nearest_e2m1_level_of_its_row():
-    # row 0: absmax 6, so scale 1 and the levels are 0, 0.5, 1, 1.5, 2, 3, 4, 6 themselves
+def test_fake_fp4_rounds_to_the_nearest_e2m1_level_of_its_block():
+    # blocks of 2 weights. Row 0, block (6, -2.4): absmax 6, scale 1, so the levels are 0, 0.5, 1, 1.5, 2, 3, 4, 6
+    # themselves: -2.4 -> -2. Block (0.7, 0.2): scale 0.7 / 6; 0.2 = 1.714 units -> 1.5 units (below the
+    # midpoint 1.75) = 0.175.
+    # Block (4.9,) is padded with a 0: 4.9 -> 6 units of 4.9 / 6, itself.
     w = torch.tensor([[6.0, -2.4, 0.7, 0.2, 4.9], [0.03, -0.012, 0.0, 0.001, 0.02]])
-    q = fake_fp4(w)
-    assert q[0].tolist() == [6.0, -2.0, 0.5, 0.0, 4.0]  # 2.4 -> 2, 0.7 -> 0.5, 0.2 -> 0, 4.9 -> 4 (nearest)
-    # row 1: absmax 0.03, scale 0.005: -0.012 = -2.4 units -> -2 units = -0.01; 0.001 = 0.2 units -> 0; 0.02 = 4 units
-    assert torch.allclose(q[1], torch.tensor([0.03, -0.01, 0.0, 0.0, 0.02]))
+    q = fake_fp4(w, block=2)
+    assert torch.allclose(q[0], torch.tensor([6.0, -2.0, 0.7, 0.175, 4.9]))
+    # row 1, block (0.03, -0.012): scale 0.005, -2.4 units -> -2 = -0.01. Block (0, 0.001): 0.001 is its absmax
+    # and stays exactly; 0.02 alone does too
+    assert torch.allclose(q[1], torch.tensor([0.03, -0.01, 0.0, 0.001, 0.02]))
+    # one block for the whole row is the per-row rounding: an outlier (6) takes 0.2 down to 0 with it
+    assert fake_fp4(w, block=8)[0].tolist() == [6.0, -2.0, 0.5, 0.0, 4.0]
+    # the default block is 16 weights, as NVFP4: a weight 17th in its row gets a scale of its own
+    row = torch.cat([torch.full((16,), 6.0), torch.tensor([0.2])])[None]
+    assert fake_fp4(row)[0, 16] == pytest.approx(0.2) and fake_fp4(row, block=17)[0, 16] == 0.0
 
 
 @pytest.mark.parametrize("lora", [True, False])
@@ -143,7 +152,7 @@ def test_sampler_precision_changes_the_weights_not_the_policy(tiny_model_dir, pr
         assert diff < 1e-5
     else:
         assert diff > 1e-5  # a real, measurable mismatch
-        assert diff < (3.0 if precision == "fp4" else 0.5)  # but the same model (fp4: 8 magnitudes per row)
+        assert diff < (3.0 if precision == "fp4" else 0.5)  # but the same model (fp4: 8 magnitudes per block)
     assert all(torch.equal(p, before[n]) for n, p in policy.named_parameters())  # the trainer is untouched
     if precision in ("bf16", "fp16"):
         assert next(model.parameters()).dtype == {"bf16": torch.bfloat16, "fp16": torch.float16}[precision]

@@ -47,9 +47,9 @@ class RolloutConfig:
     """Top-k sampling (0 = off)."""
     precision: Literal["same", "bf16", "fp16", "fp8", "fp4"] = "same"
     """Weights of the sampling copy of the policy: same = the trainer's; bf16 / fp16 = cast; fp8 = float8
-    (e4m3) fake-quantised linear weights with per-output-channel scales; fp4 = the same with float4 (e2m1), a gap
-    large enough to bias an uncorrected update (lean and transformers engines only). The trainer keeps its dtype, so
-    anything but 'same' creates a measurable rollout/trainer mismatch (logged as mismatch/*)."""
+    (e4m3) fake-quantised linear weights with per-output-channel scales; fp4 = float4 (e2m1) with one scale per
+    16 weights (as NVFP4), a gap large enough to bias an uncorrected update (lean and transformers engines only).
+    The trainer keeps its dtype, so anything but 'same' creates a measurable rollout/trainer mismatch (logged as mismatch/*)."""
     staleness: int = 0
     """Sample with the policy of this many training steps ago (0 = the current one): controlled off-policy data."""
     agreement_every: int = 10

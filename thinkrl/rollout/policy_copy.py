@@ -13,8 +13,9 @@ thinkrl can produce it on one machine:
                        fp8    linear weights fake-quantised to float8 e4m3 with one scale per output channel
                               (the output head stays as is, as fp8 inference engines do); activations keep
                               the trainer's compute dtype
-                       fp4    the same with float4 e2m1 (8 magnitudes, 0 to 6): a far larger gap, the
-                              positive control of a correction's probe (thinkrl/probe); no engine runs it
+                       fp4    float4 e2m1 (8 magnitudes, 0 to 6) with one scale per 16 weights of a row, as
+                              NVFP4: a far larger gap, the positive control of a correction's probe
+                              (thinkrl/probe); no engine runs it
     rollout.staleness  k      sample with the trainable weights of k steps ago (a FIFO of snapshots, saved in
                               checkpoints so --resume continues it)
 
@@ -47,17 +48,25 @@ def fake_fp8(w: Tensor) -> Tensor:
 
 
 FP4_LEVELS = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])  # the magnitudes float4 e2m1 can hold
+FP4_BLOCK = 16  # weights per scale, as NVFP4
 
 
-def fake_fp4(w: Tensor) -> Tensor:
-    """w rounded to the nearest float4 e2m1 value with a per-output-channel scale (absmax -> 6), in w's dtype.
-    torch has no float4 arithmetic, so the rounding is a nearest-level lookup.  (O, I) -> (O, I)"""
-    scale = w.abs().amax(dim=-1, keepdim=True).float().clamp(min=1e-12) / 6.0  # (O, 1)
-    x = w.float() / scale
+def fake_fp4(w: Tensor, block: int = FP4_BLOCK) -> Tensor:
+    """w rounded to the nearest float4 e2m1 value with one scale per block of `block` consecutive input weights
+    (the block's absmax -> 6), in w's dtype. A scale per whole row would leave most weights of a row at 0 (one
+    outlier sets it), which ruins a small model; real fp4 formats scale blocks (NVFP4: 16, MXFP4: 32). The
+    scales stay float32 here (NVFP4 stores them as e4m3). torch has no float4 arithmetic, so the rounding is a
+    nearest-level lookup.  (O, I) -> (O, I)"""
+    rows, cols = w.shape
+    pad = -cols % block  # a last, partial block is padded with zeros, which round to 0 and are dropped
+    x = torch.nn.functional.pad(w.float(), (0, pad)).view(rows, -1, block)  # (O, I / block, block)
+    scale = x.abs().amax(dim=-1, keepdim=True).clamp(min=1e-12) / 6.0  # (O, I / block, 1)
+    x = x / scale
     levels = FP4_LEVELS.to(x.device)
-    # the nearest level by the midpoints between levels, with no (O, I, 8) temporary; ties go to the smaller level
-    nearest = levels[torch.bucketize(x.abs(), (levels[1:] + levels[:-1]) / 2)]  # (O, I)
-    return (torch.sign(x) * nearest * scale).to(w.dtype)
+    # the nearest level by the midpoints between levels, with no (..., 8) temporary; ties go to the smaller level
+    nearest = levels[torch.bucketize(x.abs(), (levels[1:] + levels[:-1]) / 2)]
+    q = (torch.sign(x) * nearest * scale).view(rows, -1)[:, :cols]  # (O, I)
+    return q.to(w.dtype)
 
 
 QUANTISE = {"fp8": fake_fp8, "fp4": fake_fp4}
