@@ -116,7 +116,7 @@ def string_grade(completion: str, answer: str):
 
 
 def assert_second_correction_refused_unless_anchor_old(method: str, mode: str) -> None:
-    """A method whose ratio is taken against the sampler mu (method.anchor=behav) refuses correction.mode=tis/mis:
+    """A method whose ratio is taken against the sampler mu (method.anchor=behav) refuses any correction.mode (tis, mis, icepop, ipo):
     r = pi_theta / mu already corrects each token from mu, and TIS/MIS would multiply by pi_old / mu again. With
     anchor=old, r = pi_theta / pi_old and the correction bridges mu -> pi_old (thinkrl/learner/correction.py)."""
     import pytest

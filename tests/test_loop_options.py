@@ -36,6 +36,36 @@ def test_token_mis_masks_outliers():
     assert torch.allclose(w, torch.tensor([[0.0, 1.0, 0.0], [0.0, 1.0, 0.0]]))  # 2.5 and 0.5 masked
 
 
+def test_icepop_masks_tokens_whose_ratio_leaves_the_band():
+    # rho = (2.5, 1, 0.5 | 0.5, 1): band [0.4, 2] keeps 0.5 and drops 2.5; band [0.6, 5] drops the 0.5s.
+    # Kept tokens carry rho
+    old, mu = logs([[0.5, 0.3, 0.1], [0.2, 0.4, 0.9]], [[0.2, 0.3, 0.2], [0.4, 0.4, 0.1]])
+    w = weights(old, mu, MASK, CorrectionConfig(mode="icepop", band=[0.4, 2.0]))
+    assert torch.allclose(w, torch.tensor([[0.0, 1.0, 0.5], [0.5, 1.0, 0.0]]))
+    w = weights(old, mu, MASK, CorrectionConfig(mode="icepop", band=[0.6, 5.0]))
+    assert torch.allclose(w, torch.tensor([[2.5, 1.0, 0.0], [0.0, 1.0, 0.0]]))
+    assert CorrectionConfig().band == [0.5, 5.0]  # the Ring-1T report's alpha and beta
+
+
+def test_ipo_masks_by_the_probability_gap_whatever_the_ratio():
+    # |pi_old - mu| = (0.3, 0, 0.1 | 0.2, 0): eps 0.1 keeps the gap of 0.1 (rho 0.5) and drops 0.3 (rho 2.5)
+    # and 0.2 (rho 0.5, the same ratio as the kept one); a rare token with rho = 10 and a gap of 0.009 is kept
+    old, mu = logs([[0.5, 0.3, 0.1], [0.2, 0.4, 0.9]], [[0.2, 0.3, 0.2], [0.4, 0.4, 0.1]])
+    w = weights(old, mu, MASK, CorrectionConfig(mode="ipo", eps=0.1))
+    assert torch.allclose(w, torch.tensor([[0.0, 1.0, 0.5], [0.0, 1.0, 0.0]]))
+    old, mu = logs([[0.01]], [[0.001]])
+    assert weights(old, mu, MASK[:1, :1], CorrectionConfig(mode="ipo", eps=0.1)).item() == pytest.approx(10.0)
+
+
+def test_icepop_and_ipo_settings_are_checked():
+    with pytest.raises(ValueError, match=r"correction.mode=icepop masks single tokens: set correction.level=token"):
+        CorrectionConfig(mode="icepop", level="sequence")
+    with pytest.raises(ValueError, match=r"correction.band needs two numbers 0 <= alpha < beta, got \[5.0, 0.5\]"):
+        CorrectionConfig(band=[5.0, 0.5])
+    with pytest.raises(ValueError, match="correction.eps is a probability difference in"):
+        CorrectionConfig(eps=0.0)
+
+
 def test_sequence_level_uses_the_product_of_a_rows_ratios():
     # row 0: rho = 2.5 * 1 * 0.5 = 1.25 for every token; row 1: 0.5 * 1 = 0.5
     old, mu = logs([[0.5, 0.3, 0.1], [0.2, 0.4, 0.9]], [[0.2, 0.3, 0.2], [0.4, 0.4, 0.1]])

@@ -206,7 +206,7 @@ def test_ais_resume_continues_the_controller_exactly(tiny_model_dir, tmp_path):
     assert all(m["ais/alpha"] > 0 for m in straight) and "ais/reliability" in straight[0]
 
 
-@pytest.mark.parametrize("mode", ["tis", "mis"])
+@pytest.mark.parametrize("mode", ["tis", "mis", "icepop", "ipo"])
 def test_ais_refuses_a_second_rollout_correction(mode):
     # w_t = (1 - alpha) + alpha min(pi_old / mu, cap) is already a TIS weight; the trainer's would multiply it again
     with pytest.raises(UserError, match=rf"^correction.mode={mode} with method ais: it already weights every token by pi_old / mu") as e:

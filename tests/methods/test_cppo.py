@@ -70,6 +70,6 @@ def test_cppo_config_is_validated():
         get_method("cppo", delta=-1.0)
 
 
-@pytest.mark.parametrize("mode", ["tis", "mis"])
+@pytest.mark.parametrize("mode", ["tis", "mis", "icepop", "ipo"])
 def test_cppo_refuses_a_second_rollout_correction_unless_anchored_at_pi_old(mode):
     assert_second_correction_refused_unless_anchor_old("cppo", mode)

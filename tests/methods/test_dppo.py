@@ -113,6 +113,6 @@ def test_dppo_config_is_validated():
         get_method("dppo", divergence="js")
 
 
-@pytest.mark.parametrize("mode", ["tis", "mis"])
+@pytest.mark.parametrize("mode", ["tis", "mis", "icepop", "ipo"])
 def test_dppo_refuses_a_second_rollout_correction_unless_anchored_at_pi_old(mode):
     assert_second_correction_refused_unless_anchor_old("dppo", mode)

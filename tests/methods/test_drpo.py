@@ -132,6 +132,6 @@ def test_drpo_advantage_estimator_and_help():
     assert "arXiv 2606.09821" in text and "Relative to grpo" in text and "Confidence" in text
 
 
-@pytest.mark.parametrize("mode", ["tis", "mis"])
+@pytest.mark.parametrize("mode", ["tis", "mis", "icepop", "ipo"])
 def test_drpo_refuses_a_second_rollout_correction_unless_anchored_at_pi_old(mode):
     assert_second_correction_refused_unless_anchor_old("drpo", mode)

@@ -23,22 +23,38 @@ class AdvantageConfig:
 
 @dataclass
 class CorrectionConfig:
-    mode: Literal["none", "tis", "mis"] = "none"
-    """Rollout-mismatch correction with rho = pi_old / mu: tis truncates the weight at c_max, mis masks
-    tokens (or sequences) whose rho falls outside [c_min, c_max]; works with every method."""
+    mode: Literal["none", "tis", "mis", "icepop", "ipo"] = "none"
+    """Rollout-mismatch correction with rho = pi_old / mu, for every method: tis truncates the weight at c_max;
+    mis masks tokens (or sequences) whose rho falls outside [c_min, c_max]; icepop masks tokens whose rho leaves
+    `band` (Ring-1T's IcePop); ipo masks tokens whose probabilities under pi_old and mu differ by more than `eps`
+    (prime-rl's IPO mask). Kept tokens are weighted by rho (docs/off_policy.md)."""
     level: Literal["token", "sequence"] = "token"
-    """token: rho per token; sequence: the product of a sequence's token ratios, one weight per sequence."""
+    """token: rho per token; sequence: the product of a sequence's token ratios, one weight per sequence
+    (tis and mis; icepop and ipo are per token)."""
     c_max: float = 2.0
     """Upper threshold (TIS cap, MIS upper bound)."""
     c_min: float = 0.0
     """Lower threshold (MIS only)."""
+    band: list[float] = field(default_factory=lambda: [0.5, 5.0])
+    """IcePop's [alpha, beta]: a token whose rho lies outside is masked (the Ring-1T report's 0.5 and 5)."""
+    eps: float = 0.1
+    """IPO's mask: a token with |pi_old(y) - mu(y)| > eps (probabilities, not ratios) is masked (prime-rl's 0.1)."""
 
     def __post_init__(self) -> None:
         check(
             (
                 0 <= self.c_min < self.c_max < math.inf,
                 f"c_min and c_max need 0 <= c_min < c_max, both finite, got {self.c_min} and {self.c_max}",
-            )
+            ),
+            (
+                len(self.band) == 2 and 0 <= self.band[0] < self.band[1] < math.inf,
+                f"correction.band needs two numbers 0 <= alpha < beta, got {self.band}; e.g. correction.band=[0.5,5.0]",
+            ),
+            (0 < self.eps <= 1, f"correction.eps is a probability difference in (0, 1], got {self.eps}"),
+            (
+                self.level == "token" or self.mode not in ("icepop", "ipo"),
+                f"correction.mode={self.mode} masks single tokens: set correction.level=token (sequence is for tis / mis)",
+            ),
         )
 
 

@@ -1,12 +1,16 @@
-"""Rollout-mismatch correction (TIS / MIS) and mismatch diagnostics, for any method.
+"""Rollout-mismatch correction (TIS / MIS / IcePop / IPO's mask) and mismatch diagnostics, for any method.
 
 rho_t = pi_old(y_t) / mu(y_t): how much more likely the trainer's policy finds the token than the sampler
 that drew it did (they differ when the sampler runs at another precision, is stale, or is a historical
-checkpoint). See docs/methods.md, correction:
-    tis  w = min(rho, c_max)                            truncated importance weight
-    mis  w = rho * [c_min <= rho <= c_max]              outliers masked out
-At sequence level rho_i = exp(sum_t log rho_it), one weight for all of the sequence's tokens. The weights
-are detached and multiply each method's per-token loss (TokenBatch.is_weights, applied by _common.reduce).
+checkpoint). See docs/off_policy.md:
+    tis     w = min(rho, c_max)                                 truncated importance weight
+    mis     w = rho * [c_min <= rho <= c_max]                   outliers masked out
+    icepop  w = rho * [band[0] <= rho <= band[1]]               per token (Ring-1T's IcePop; verl's lower_upper)
+    ipo     w = rho * [|pi_old(y_t) - mu(y_t)| <= eps]          per token, on probabilities (prime-rl's IPO mask)
+At sequence level (tis, mis) rho_i = exp(sum_t log rho_it), one weight for all of the sequence's tokens. The
+weights are detached and multiply each method's per-token loss (TokenBatch.is_weights, applied by _common.reduce).
+The kept tokens of icepop and ipo carry rho, so with any method's ratio pi_theta / pi_old the token is weighted
+pi_theta / mu, as in prime-rl's loss (whose ratio is taken against the sampler directly).
 
 A method whose loss already corrects some tokens back to the policy that wrote them declares it
 (Method.mismatch_corrected): "all" tokens (dppo, cppo, drpo with anchor=behav, whose ratio is pi_theta / mu;
@@ -41,8 +45,13 @@ def weights(old_logp: Tensor, behav_logp: Tensor, mask: Tensor, cfg: CorrectionC
     rho = lr.exp()  # (B, T)
     if cfg.mode == "tis":
         w = rho.clamp(max=cfg.c_max)
-    else:
+    elif cfg.mode == "mis":
         w = torch.where((rho >= cfg.c_min) & (rho <= cfg.c_max), rho, 0.0)
+    elif cfg.mode == "icepop":
+        w = torch.where((rho >= cfg.band[0]) & (rho <= cfg.band[1]), rho, 0.0)
+    else:  # ipo: a gap in probability, so a rare token may move by a large ratio and a common one may not
+        gap = (old_logp.detach().exp() - behav_logp.exp()).abs()  # (B, T)
+        w = torch.where(gap <= cfg.eps, rho, 0.0)
     w = torch.where(corrected, w, 1.0)  # (B, T) exempt tokens: 1 even when c_max < 1 or MIS would mask rho = 1
     return torch.where(mask, w, 0.0).detach()
 
