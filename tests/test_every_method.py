@@ -22,8 +22,8 @@ def builtin_methods() -> list[str]:
     return [n for n in registry.available_methods() if Path(registry.method_source(n)).parent == here]
 
 
-def test_the_list_is_the_sixteen_documented_methods():
-    assert len(builtin_methods()) == 16 and {"grpo", "ctpo", "thinking_seeds"} <= set(builtin_methods())
+def test_the_list_is_the_twenty_documented_methods():
+    assert len(builtin_methods()) == 20 and {"grpo", "ctpo", "thinking_seeds"} <= set(builtin_methods())
 
 
 @pytest.mark.parametrize("method", builtin_methods())

@@ -22,6 +22,8 @@ CASES = {
     "ict": {"frac": 0.3},
     "ict-position": {"frac": 0.3, "unit": "position"},
     "stare": {"target_entropy": 9.0, "variant": "c2", "top_ratio": 0.25},  # the gate open
+    "clip_cov": {"clip_ratio": 0.05, "cov_lb": 0.0, "cov_ub": 9.0},  # one token of 18 drawn (each half alone: one each)
+    "kl_cov": {"kl_ratio": 0.2},  # the top 3 of 18 tokens by covariance, across the halves
 }
 
 
@@ -41,6 +43,7 @@ def batch(logp: torch.Tensor) -> TokenBatch:
         token_ids=torch.randint(0, 5, (B, T), generator=g),
         entropy=ent,
         token_js=(torch.rand(B, T, generator=g)).round(decimals=1),
+        uniform=torch.rand(B, T, generator=g),
     )
 
 

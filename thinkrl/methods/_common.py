@@ -242,6 +242,26 @@ def batch_quantile(values: Tensor, batch: TokenBatch, q: float) -> Tensor:
     return masked_quantile(pooled, torch.ones_like(pooled, dtype=torch.bool), q)
 
 
+def batch_covariance(batch: TokenBatch) -> tuple[Tensor, int]:
+    """The entropy-mechanism paper's per-token covariance (A_t - mean A)(log pi_t - mean log pi), means over the
+    valid tokens of the whole batch (every process's part, whole_batch), detached: (N,) in row-major order over
+    the valid tokens, and where this call's tokens start in it (Clip-Cov and KL-Cov select tokens by it)."""
+    adv, _ = whole_batch(batch.advantages.detach()[batch.mask].float(), batch)  # (N,)
+    logp, offset = whole_batch(batch.logp.detach()[batch.mask].float(), batch)  # (N,)
+    return (adv - adv.mean()) * (logp - logp.mean()), offset
+
+
+def local_tokens(chosen: Tensor, offset: int, mask: Tensor) -> Tensor:
+    """(B, T) bool: the valid tokens of this call among `chosen`, positions in the whole batch's (N,) order."""
+    n = int(mask.sum())
+    local = chosen[(chosen >= offset) & (chosen < offset + n)] - offset
+    flat = torch.zeros(n, dtype=torch.bool, device=mask.device)
+    flat[local.to(mask.device)] = True
+    out = torch.zeros_like(mask, dtype=torch.bool)
+    out[mask] = flat
+    return out
+
+
 def reduce(per_token: Tensor, batch: TokenBatch, cfg: Reduction, unweighted: Tensor | None = None) -> Tensor:
     """The last line of a method's loss: apply the rollout-correction weights, then aggregate.
 
