@@ -42,8 +42,10 @@ WEIGHT_SHARE = 0.05
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 SHIPPED = sorted(p.stem for p in CONFIGS.glob("*.yaml"))
 # beyond the shipped configs: full fine-tunes (with a pi_old pass), the reference pass (LoRA and full), a
-# mini-batch split finer than the ranks (a rank with no row in most mini-batches), and the batch-statistics
-# methods with their selections active on this batch (stapo silencing, stare's gate open, ict by position)
+# mini-batch split finer than the ranks (a rank with no row in most mini-batches), the batch-statistics
+# methods with their selections active on this batch (stapo silencing, stare's gate open, ict by position,
+# clip_cov's draw, kl_cov's penalty), the ratio methods off-policy, and the IcePop and IPO masks (global_batch's
+# mu is far from the tiny model's probabilities, so the masks take wide settings)
 EXTRA = [
     "grpo:full",
     "gspo:full",
@@ -53,6 +55,14 @@ EXTRA = [
     "stapo+method.tau_p=0.5+method.entropy_quantile=0.75",
     "stare+method.target_entropy=9",
     "ict+method.unit=position",
+    "sapo+train.mini_batches=4",
+    "gmpo+train.mini_batches=4",
+    "clip_cov+method.clip_ratio=0.2+method.cov_lb=0.0",
+    # kl_cov's |log r| has a kink at r = 1: where pi_old is recomputed (several mini-batches), float noise of either
+    # sign there decides its gradient (docs/methods.md, kl_cov), so the penalty is tried against the sampler's mu
+    "kl_cov+train.mini_batches=4+method.kl_ratio=0.2+train.old_policy=sampler",
+    "grpo+correction.mode=icepop+correction.band=[0.03,100.0]",  # about 70% of these tokens masked
+    "grpo+correction.mode=ipo+correction.eps=0.4",  # about 40% masked
 ]
 CASES = SHIPPED + EXTRA
 
