@@ -54,10 +54,12 @@ def write(a, lengths: list[int], trainers: list[str], results: dict) -> None:
     params = sum(p.numel() for p in model.parameters())
     gflops, gbs = roofline.peak_gflops(torch.float32), roofline.bandwidth_gbs()
     prompt_len = roofline.prompt_tokens(a.model)
+    m = machine.machine()
+    cpu = f"{m['cpu']} ({m['torch_capability']}, {machine.label(m)})"  # a ratio means little without the CPU it ran on
     lines = [
-        "| new tokens | trainer | steps timed | median step (s) | generate (s) | logp + update (s) | peak RSS (MB) "
+        "| new tokens | trainer | CPU (ISA) | steps timed | median step (s) | generate (s) | logp + update (s) | peak RSS (MB) "
         "| step vs TRL | RSS vs TRL | roofline floor (s) | of floor |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for T in lengths:
         floor = roofline.step_floor(a.prompts, a.group, T, prompt_len, params, params * 4, gflops, gbs)["total_s"]
@@ -65,14 +67,13 @@ def write(a, lengths: list[int], trainers: list[str], results: dict) -> None:
         for t in trainers:
             s = results[(T, t)]
             if s is None:
-                lines.append(f"| {T} | {t} | 0 | failed | | | | | | | |")
+                lines.append(f"| {T} | {t} | {cpu} | 0 | failed | | | | | | | |")
                 continue
             step_vs, rss_vs = (_ratio(s, theirs, k) if t != "trl" else "" for k in ("step_s", "peak_mb"))
             lines.append(
-                f"| {T} | {t} | {s['n']} | {s['step_s']:.2f} | {s['generate_s']:.2f} | {s['update_s']:.2f} | {s['peak_mb']:.0f} "
+                f"| {T} | {t} | {cpu} | {s['n']} | {s['step_s']:.2f} | {s['generate_s']:.2f} | {s['update_s']:.2f} | {s['peak_mb']:.0f} "
                 f"| {step_vs} | {rss_vs} | {floor:.2f} | {floor / s['step_s']:.0%} |"
             )
-    m = machine.machine()
     text = "\n".join(
         [
             f"# thinkrl vs TRL GRPOTrainer by completion length ({machine.label(m)})",

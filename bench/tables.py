@@ -101,17 +101,18 @@ def report(a, runs: dict[str, list[dict]], settings, summarise) -> None:
         f"Settings: {json.dumps(settings(a))}.",
         f"Command: `{_env_prefix()}python bench/bench_trl.py {' '.join(sys.argv[1:])}` ({time.strftime('%Y-%m-%d')}).",
         "",
-        "| trainer | median step (s) | generate (s) | score (s) | logp + update (s) | tokens/s | peak memory (MB) "
+        "| trainer | CPU (ISA) | median step (s) | generate (s) | score (s) | logp + update (s) | tokens/s | peak memory (MB) "
         "| verifier worker (MB each) | steps timed |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
+    cpu = f"{m['cpu']} ({m['torch_capability']}, {machine.label(m)})"  # a ratio means little without the CPU it ran on
     for t, s in stats.items():
         if s is None:
-            lines.append(f"| {t} | failed: {errors[t][0] if errors[t] else '?'} | | | | | | | 0 |")
+            lines.append(f"| {t} | {cpu} | failed: {errors[t][0] if errors[t] else '?'} | | | | | | | 0 |")
             continue
         workers = f"{s['children_peak_mb']:.0f}" if s["children_peak_mb"] else "in-process"
         lines.append(
-            f"| {t} | {s['step_s']:.2f} | {s['generate_s']:.2f} | {s['score_s']:.2f} | {s['update_s']:.2f} | "
+            f"| {t} | {cpu} | {s['step_s']:.2f} | {s['generate_s']:.2f} | {s['score_s']:.2f} | {s['update_s']:.2f} | "
             f"{s['tokens'] / s['step_s']:.0f} | {s['peak_mb']:.0f} | {workers} | {s['n']} |"
         )
     if stats.get("thinkrl") and stats.get("trl"):
