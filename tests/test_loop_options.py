@@ -10,11 +10,13 @@ from typer.testing import CliRunner
 
 from thinkrl.cli import app
 from thinkrl.config import CorrectionConfig
+from thinkrl.errors import UserError
 from thinkrl.learner.correction import mismatch_stats, weights
 from thinkrl.rollout.collect import overlong_penalty
 from thinkrl.run.jsonl import read_jsonl
 from thinkrl.run.plot import plot_runs
 from thinkrl.run.readers import compare_rows, load_runs
+from thinkrl.settings import load_config
 
 MASK = torch.tensor([[1, 1, 1], [1, 1, 0]]).bool()
 
@@ -58,12 +60,15 @@ def test_ipo_masks_by_the_probability_gap_whatever_the_ratio():
 
 
 def test_icepop_and_ipo_settings_are_checked():
-    with pytest.raises(ValueError, match=r"correction.mode=icepop masks single tokens: set correction.level=token"):
+    with pytest.raises(ValueError, match=r"^mode=icepop masks single tokens: set correction.level=token"):
         CorrectionConfig(mode="icepop", level="sequence")
-    with pytest.raises(ValueError, match=r"correction.band needs two numbers 0 <= alpha < beta, got \[5.0, 0.5\]"):
+    with pytest.raises(ValueError, match=r"^band needs two numbers 0 <= alpha < beta, got \[5.0, 0.5\]"):
         CorrectionConfig(band=[5.0, 0.5])
-    with pytest.raises(ValueError, match="correction.eps is a probability difference in"):
+    with pytest.raises(ValueError, match="^eps is a probability difference in"):
         CorrectionConfig(eps=0.0)
+    # as a user meets them: one line naming the key
+    with pytest.raises(UserError, match=r"^correction.mode=ipo masks single tokens: set correction.level=token"):
+        load_config(overrides=["correction.mode=ipo", "correction.level=sequence"])
 
 
 def test_sequence_level_uses_the_product_of_a_rows_ratios():

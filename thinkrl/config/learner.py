@@ -48,12 +48,12 @@ class CorrectionConfig:
             ),
             (
                 len(self.band) == 2 and 0 <= self.band[0] < self.band[1] < math.inf,
-                f"correction.band needs two numbers 0 <= alpha < beta, got {self.band}; e.g. correction.band=[0.5,5.0]",
+                f"band needs two numbers 0 <= alpha < beta, got {self.band}; e.g. correction.band=[0.5,5.0]",
             ),
-            (0 < self.eps <= 1, f"correction.eps is a probability difference in (0, 1], got {self.eps}"),
+            (0 < self.eps <= 1, f"eps is a probability difference in (0, 1], got {self.eps}"),
             (
                 self.level == "token" or self.mode not in ("icepop", "ipo"),
-                f"correction.mode={self.mode} masks single tokens: set correction.level=token (sequence is for tis / mis)",
+                f"mode={self.mode} masks single tokens: set correction.level=token (sequence is for tis / mis)",
             ),
         )
 
