@@ -46,7 +46,7 @@ GUARDED = frozenset(
     | _keys("rollout", "precision staleness dynamic_sampling max_sampling_rounds mask_truncated")  # off-policy, filters
     | _keys("advantage", "estimator eps")
     | _keys("reward", "functions overlong_buffer overlong_penalty")
-    | _keys("correction", "mode level c_max c_min")
+    | _keys("correction", "mode level c_max c_min band eps")
     | {"verifier.grader"}
     | _keys("train", "seed entropy_coef mini_batches epochs old_policy")  # the loss and how off-policy its updates are
     | _keys("seeds", "enabled every pool_size keep_initial per_group prefix frac_min frac_max tokens_min tokens_max snap")
