@@ -94,7 +94,9 @@ def regime(kind: str, report: dict) -> str:
     start = ", ".join(s.get("start") or ["the model itself"])
     stale = f"{s['stale_updates']} stale AdamW step{'s' if s['stale_updates'] != 1 else ''}"
     answers = f"answers <= {s['max_new_tokens']} (mean {answer:.0f})"
-    return f"start: grpo {start}; lr {s['lr']:g}; G {s['group_size']}; {answers}; {stale}; plain gradient"
+    k3 = sum(b.get("sampler_k3", 0) for b in begins) / len(begins)  # a low-precision sampler's gap to the trainer
+    gap = f"; sampler gap {k3:.3f} nats/token (k3)" if k3 > 1e-3 else ""
+    return f"start: grpo {start}; lr {s['lr']:g}; G {s['group_size']}; {answers}; {stale}{gap}; plain gradient"
 
 
 def _cpu_record(kind: str, name: str) -> dict | None:
