@@ -2,10 +2,11 @@
 shipped, 2 processes on the CPU over gloo, against one process over the same global batch (tests/dist_matrix.py).
 
 Two updates of each case; each update's loss, gradient norm and entropy, and the weights after both, must be the
-single process's within the bounds tests/dist_matrix.py states. The cases: all 20 configs with LoRA, grpo and gspo (several
-mini-batches, so a pi_old pass) fully fine-tuned, grpo with a reference (LoRA and full), a mini-batch split finer
-than the ranks (a rank with no row in most mini-batches), and the batch-statistics methods with their selection
-switched on in this batch (stapo silencing, stare's gate open, ict by position).
+single process's within the bounds tests/dist_matrix.py states. The cases: all 20 configs with LoRA (kl_cov's
+with pi_old = mu: dist_matrix.KINKED), grpo and gspo (several mini-batches, so a pi_old pass) fully fine-tuned,
+grpo with a reference (LoRA and full), a mini-batch split finer than the ranks (a rank with no row in most
+mini-batches), the batch-statistics methods with their selection switched on in this batch (stapo silencing,
+stare's gate open, ict by position, clip_cov's draw, kl_cov's penalty), and the IcePop and IPO masks.
 """
 
 from __future__ import annotations

@@ -25,6 +25,8 @@ same subset for the same seed.
 What it changes relative to grpo: about clip_ratio of the tokens (2 in 10,000; at least one per mini-batch)
 lose their gradient even on-policy; `cov/frac` logs the share dropped and `clip/frac` the PPO clip's.
 Defaults: clip_ratio 2e-4, cov_lb 1, cov_ub 5, clip 0.2 both sides, token-mean (verl's, from the paper's code).
+Recipe: 4 mini-batches per rollout, so the PPO clip that Clip-Cov works beside acts too (a count chosen as for
+the other ratio methods, not copied from the paper's runs); kl_cov has the same.
 """
 
 from __future__ import annotations
@@ -71,6 +73,7 @@ class Config(ClipConfig):
 class ClipCov(Method[Config]):
     """GRPO clip, plus the gradient of a random 2e-4 of the tokens with covariance in (1, 5) detached."""
 
+    recipe = {"train.mini_batches": 4}  # the paper's PPO-style updates: its candidates exclude what the clip removed
     reinforce_on_policy = False  # the drawn tokens drop out of the on-policy gradient
     batch_statistics = True  # covariance means, token count and the draw span the whole mini-batch
 

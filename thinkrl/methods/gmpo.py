@@ -25,7 +25,8 @@ one by one, so one sequence is never dropped whole; clip/frac counts clipped tok
 Defaults: clip_low = clip_high = 0.4 in log space (the paper's range), seq-mean-token-mean. Rollout-
 correction weights (correction.mode) multiply every token's copy of l_i, so a sequence takes the arithmetic
 mean of its tokens' weights; verl takes their geometric mean. With one update per rollout d_t = 0, s_i = 1
-and GMPO trains like grpo with seq-mean-token-mean.
+and GMPO trains like grpo with seq-mean-token-mean, so its recipe splits each rollout into 4 mini-batches
+(a count chosen so the clip acts, as for the other ratio methods).
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ class Config(Clip, Reduction):
 class GMPO(Method[Config]):
     """One ratio per sequence: the geometric mean of its token ratios, each clipped in log space (e^+-0.4)."""
 
+    recipe = {"train.mini_batches": 4}  # several updates per rollout, so the clip acts (docs/methods.md, recipes)
     acts_off_policy = True
 
     def loss(self, batch: TokenBatch) -> tuple[Tensor, dict[str, Tensor]]:

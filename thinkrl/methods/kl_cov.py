@@ -26,7 +26,8 @@ and per data-parallel rank, which equals this with one micro-batch on one proces
 [-20, 20] before exp (thinkrl's log_ratio; verl does not clamp here), which only matters past e^20.
 
 Defaults: kl_ratio 2e-4 (verl's) and kl_coef 1.0 (verl's loss falls back to 1 when the coefficient is unset;
-its config class writes 0.1), token-mean. The paper's values per model size were not checked here.
+its config class writes 0.1), token-mean. The paper's values per model size were not checked here. Recipe: 4
+mini-batches per rollout, as clip_cov's, so the penalty pulls once pi_theta has moved.
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ class Config(Reduction):
 class KLCov(Method[Config]):
     """Unclipped ratio surrogate with a |log ratio| penalty on the top 2e-4 of tokens by covariance."""
 
+    recipe = {"train.mini_batches": 4}  # several updates per rollout, so the penalty pulls (as clip_cov's)
     batch_statistics = True  # covariance means, token count and the top-k span the whole mini-batch
 
     def loss(self, batch: TokenBatch) -> tuple[Tensor, dict[str, Tensor]]:

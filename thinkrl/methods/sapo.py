@@ -21,7 +21,9 @@ falls off with its distance from r = 1. clip/frac counts nothing here; `gate/mea
 4 s (1 - s), the token's gradient weight relative to REINFORCE) shows how far the soft gate acts.
 
 Defaults: tau_pos 1.0, tau_neg 1.05 (the paper's and verl's), seq-mean-token-mean (verl forces it for SAPO;
-here it is the default and may be changed). With one update per rollout r = 1 and SAPO trains like grpo.
+here it is the default and may be changed). With one update per rollout r = 1 and SAPO trains like grpo, so
+its recipe splits each rollout into 4 mini-batches, as the other ratio methods' do (a count chosen so the
+method acts, not copied from the paper's runs).
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ class Config(Reduction):
 class SAPO(Method[Config]):
     """A soft sigmoid gate on the ratio (temperatures 1.0 / 1.05) instead of the hard clip."""
 
+    recipe = {"train.mini_batches": 4}  # several updates per rollout, so the gate acts (docs/methods.md, recipes)
     acts_off_policy = True
 
     def loss(self, batch: TokenBatch) -> tuple[Tensor, dict[str, Tensor]]:
