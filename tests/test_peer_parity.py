@@ -18,7 +18,8 @@ from thinkrl.config import CorrectionConfig
 from thinkrl.learner.correction import weights
 from thinkrl.methods import get_method
 
-pytestmark = pytest.mark.skipif(not VERL_WHEEL.exists(), reason=f"no {VERL_WHEEL.name}: make install downloads it")
+FETCH = "make install downloads it (pip download --no-deps verl==0.9.1 -d .peers)"
+pytestmark = pytest.mark.skipif(not VERL_WHEEL.exists(), reason=f"no {VERL_WHEEL.name}: {FETCH}")
 TOL = 1e-6
 LENGTHS = [9, 7, 5, 9, 3, 8]
 ADV = [1.2, -0.7, 0.4, -1.5, 0.9, -0.3]
