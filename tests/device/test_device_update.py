@@ -94,3 +94,22 @@ def test_every_shipped_config_updates_on_the_device_as_on_the_cpu(tiny_model_dir
     assert moved > 0
     for name, p in on_device.items():
         torch.testing.assert_close(p, on_cpu[name], rtol=0, atol=WEIGHT_SHARE * moved, msg=name)
+
+
+@pytest.mark.parametrize("name", ["clip_cov", "kl_cov", "sapo", "gmpo"])
+def test_a_direct_call_with_the_devices_generator_and_no_uniform_stays_on_the_device(fakegpu, name):
+    # the probe calls a loss without batch.uniform and with the run's sampling generator, which lives on the device:
+    # clip_cov then draws its own numbers, with that generator, where it lives (on the CPU it would raise)
+    from thinkrl.batch import TokenBatch
+    from thinkrl.methods import get_method
+
+    g = torch.Generator().manual_seed(0)
+    logp = (-torch.rand(4, 6, generator=g) * 3).to(fakegpu).requires_grad_()
+    old = logp.detach() + 0.1
+    mask = torch.ones(4, 6, dtype=torch.bool).to(fakegpu)
+    adv = torch.tensor([[1.0], [-1.0], [0.5], [-0.5]]).expand(4, 6).contiguous().to(fakegpu)
+    on_device = torch.Generator(device=fakegpu).manual_seed(1)
+    batch = TokenBatch(logp=logp, old_logp=old, behav_logp=old, advantages=adv, mask=mask, generator=on_device)
+    loss, _ = get_method(name, **({"clip_ratio": 0.5, "cov_lb": -9.0} if name == "clip_cov" else {})).loss(batch)
+    loss.backward()
+    assert loss.device == fakegpu and logp.grad is not None and logp.grad.device == fakegpu

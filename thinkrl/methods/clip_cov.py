@@ -88,7 +88,9 @@ class ClipCov(Method[Config]):
         cov, offset = batch_covariance(batch)  # (N,)
         clipped_all, _ = whole_batch(clipped[mask].float(), batch)  # (N,)
         # one U(0, 1) per token: the trainer's (batch.uniform), else drawn here (a direct call)
-        u = batch.uniform if batch.uniform is not None else torch.rand(mask.shape, generator=batch.generator).to(mask.device)
+        g = batch.generator  # the trainer's sampling generator lives on the device: draw where it lives
+        u = batch.uniform if batch.uniform is not None else torch.rand(mask.shape, generator=g, device=g.device if g else mask.device)
+        u = u.to(mask.device)
         u_all, _ = whole_batch(u[mask].float(), batch)  # (N,)
         candidates = (clipped_all == 0) & (cov > c.cov_lb) & (cov < c.cov_ub)  # (N,)
         count = min(max(int(c.clip_ratio * cov.numel()), 1), int(candidates.sum()))
