@@ -89,3 +89,18 @@ def test_two_halves_with_gather_give_the_whole_batch(case):
     # without the gather each half takes its own statistics: the split is not the whole batch's update
     alone = [loss_and_grad(method, whole, rows) for rows in halves]
     assert not torch.allclose(torch.cat([alone[0][1], alone[1][1]]), grad, atol=1e-7, rtol=1e-6)
+
+
+@pytest.mark.parametrize("case", ["clip_cov", "kl_cov"])
+def test_covariance_methods_pool_everything_in_one_gather(case):
+    """Every value Clip-Cov and KL-Cov need over the whole batch (advantages, log-probs, and Clip-Cov's clip flags
+    and uniforms) travels in one collective per loss call: each gather is a round-trip between processes."""
+    method = get_method(case, **CASES[case])
+    calls = []
+
+    def gather(x):
+        calls.append(tuple(x.shape))
+        return x, 0
+
+    loss_and_grad(method, batch(-torch.rand(4, 6, generator=torch.Generator().manual_seed(0)) - 0.05), slice(0, 2), gather)
+    assert len(calls) == 1, calls

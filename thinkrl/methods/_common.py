@@ -242,13 +242,16 @@ def batch_quantile(values: Tensor, batch: TokenBatch, q: float) -> Tensor:
     return masked_quantile(pooled, torch.ones_like(pooled, dtype=torch.bool), q)
 
 
-def batch_covariance(batch: TokenBatch) -> tuple[Tensor, int]:
+def batch_covariance(batch: TokenBatch, *extra: Tensor) -> tuple[Tensor, int, list[Tensor]]:
     """The entropy-mechanism paper's per-token covariance (A_t - mean A)(log pi_t - mean log pi), means over the
     valid tokens of the whole batch (every process's part, whole_batch), detached: (N,) in row-major order over
-    the valid tokens, and where this call's tokens start in it (Clip-Cov and KL-Cov select tokens by it)."""
-    adv, _ = whole_batch(batch.advantages.detach()[batch.mask].float(), batch)  # (N,)
-    logp, offset = whole_batch(batch.logp.detach()[batch.mask].float(), batch)  # (N,)
-    return (adv - adv.mean()) * (logp - logp.mean()), offset
+    the valid tokens, and where this call's tokens start in it (Clip-Cov and KL-Cov select tokens by it).
+    `extra`: more (B, T) per-token values the caller needs over the whole batch, pooled in the same collective
+    (one gather per loss call, not one per value): (N,) each, in the same order."""
+    columns = [x.detach()[batch.mask].float() for x in (batch.advantages, batch.logp, *extra)]  # k x (n,)
+    pooled, offset = whole_batch(torch.stack(columns, dim=-1), batch)  # (N, k)
+    adv, logp, *rest = pooled.unbind(-1)  # (N,) each
+    return (adv - adv.mean()) * (logp - logp.mean()), offset, rest
 
 
 def local_tokens(chosen: Tensor, offset: int, mask: Tensor) -> Tensor:

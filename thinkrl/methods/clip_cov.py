@@ -47,7 +47,6 @@ from thinkrl.methods._common import (
     log_ratio,
     masked_mean,
     reduce,
-    whole_batch,
 )
 
 
@@ -85,13 +84,10 @@ class ClipCov(Method[Config]):
         c, mask = self.cfg, batch.mask
         ratio = log_ratio(batch.logp, batch.old_logp).exp()  # (B, T)
         per_token, clipped, metrics = clipped_loss(ratio, batch, c)  # (B, T)
-        cov, offset = batch_covariance(batch)  # (N,)
-        clipped_all, _ = whole_batch(clipped[mask].float(), batch)  # (N,)
         # one U(0, 1) per token: the trainer's (batch.uniform), else drawn here (a direct call)
         g = batch.generator  # the trainer's sampling generator lives on the device: draw where it lives
         u = batch.uniform if batch.uniform is not None else torch.rand(mask.shape, generator=g, device=g.device if g else mask.device)
-        u = u.to(mask.device)
-        u_all, _ = whole_batch(u[mask].float(), batch)  # (N,)
+        cov, offset, (clipped_all, u_all) = batch_covariance(batch, clipped, u.to(mask.device))  # (N,) each
         candidates = (clipped_all == 0) & (cov > c.cov_lb) & (cov < c.cov_ub)  # (N,)
         count = min(max(int(c.clip_ratio * cov.numel()), 1), int(candidates.sum()))
         drawn = torch.topk(torch.where(candidates, -u_all, -2.0), count).indices  # (count,) the smallest draws

@@ -69,7 +69,7 @@ class KLCov(Method[Config]):
         c, mask = self.cfg, batch.mask
         d = log_ratio(batch.logp, batch.old_logp)  # (B, T)
         ratio = d.exp()  # (B, T)
-        cov, offset = batch_covariance(batch)  # (N,)
+        cov, offset, _ = batch_covariance(batch)  # (N,)
         k = min(max(1, int(cov.numel() * c.kl_ratio)), cov.numel())  # at least one token, where there is one
         top = torch.topk(cov, k).indices  # (k,) positions in the whole batch
         penalised = local_tokens(top, offset, mask)  # (B, T)
