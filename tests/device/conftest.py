@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from fakedevice import fake_device
+from fakedevice import fake_device, install
 
 
 @pytest.fixture
@@ -16,3 +16,12 @@ def fakegpu(monkeypatch):
     monkeypatch.setenv("USE_HUB_KERNELS", "0")
     with fake_device() as device:
         yield device
+
+
+@pytest.hookimpl(trylast=True)  # after -m has deselected: `make test` collects this folder too and must not register
+def pytest_collection_modifyitems(config, items):
+    """Register the fake backend before any test runs when one of its tests is selected: the autograd engine sizes
+    its per-device queues at the first backward of the process, so a CPU backward of an earlier test (pytest
+    tests/methods tests/device) would leave fakegpu without one and every later backward there would fail."""
+    if any(item.get_closest_marker("device") for item in items):
+        install()
