@@ -98,6 +98,12 @@ def test_a_study_row_and_the_cpu_total(results):
         "| 12 seeds |" in earlier and "earlier: not distinguished (could detect 0.1)" in earlier and "about 30 min (estimated)" in earlier
     )
     assert "0.5 h, of which 0.0 h measured and 0.5 h estimated" in rs.total_cpu()
+    # a result measured in part: only its estimated seconds count as estimated
+    part = {"user_s": 5000, "sys_s": 400, "estimate": "how", "estimated_s": 1800}
+    put("study", "thinking_seeds_2", {"comparisons": [{**c, "p_holm": 0.01}]}, part)
+    primary = next(line for line in rs.table().splitlines() if line.startswith("| thinking_seeds (INTERPRETATION) | primary"))
+    assert "| 90 min (30 min of it estimated) |" in primary
+    assert "2.0 h, of which 1.0 h measured and 1.0 h estimated" in rs.total_cpu()  # estimated 1800 + 1800 s, measured 5400 - 1800 s
 
 
 def test_write_replaces_only_the_generated_part(results, tmp_path, monkeypatch):
