@@ -34,14 +34,16 @@ def test_dry_run_prints_the_path_and_every_part_and_loads_no_weights(tiny_model_
 
 
 def test_kv_capacity_is_what_the_slot_storage_reaches():
-    """The prefill reserves the prompt, each decode step one more position, until the last token is drawn."""
-    for prompt, new in ((1, 1), (53, 64), (51, 1024), (64, 65), (200, 300), (700, 3000)):
+    """The prefill reserves the prompt, each decode step one more position, until the last token is drawn; the
+    storage stops at prompt + budget (lean.py's ceiling): 700 + 3000 stops at 3700, not the next step's 3776."""
+    for prompt, new in ((1, 1), (53, 64), (51, 1024), (64, 65), (200, 300), (700, 3000), (3, 192)):
         kv = SlotStorage(1, 1, 1)
-        kv.reset(1, torch.zeros(1))
+        kv.reset(1, torch.zeros(1), prompt + new)
         kv.reserve(prompt)
         for end in range(prompt + 1, prompt + new):
             kv.reserve(end)
         assert memory.kv_capacity(prompt, new) == kv.capacity, (prompt, new)
+    assert memory.kv_capacity(700, 3000) == 3700 and memory.kv_capacity(53, 64) == 117  # hand-worked: both capped
 
 
 def _tiny(tiny_model_dir, dtype=torch.float32):
@@ -82,8 +84,9 @@ def test_parts_match_hand_worked_numbers_for_the_tiny_model(tiny_model_dir):
     got = {p.name: p.bytes for p in memory.parts(shape, PLAN, baseline=0)}
     assert got["weights"] == (base + lora) * 4 and got["sampling copy"] == base * 4
     assert got["grads + AdamW state"] == lora * 4 * 4  # grads, two moments, the sampler's adapter copy
-    # 16 slots x 128 positions (53 prompt + 63 stored: one 64-position chunk, then another) x 2 layers x 2 x Hk 2 x D 8 x 4 B
-    assert got["KV cache"] == 16 * 128 * 2 * 2 * 2 * 8 * 4
+    # 16 slots x 117 positions (53 prompt + 63 stored: one 64-position chunk, then growth to 128 stopped at the ceiling,
+    # prompt + budget = 117) x 2 layers x 2 x Hk 2 x D 8 x 4 B
+    assert got["KV cache"] == 16 * 117 * 2 * 2 * 2 * 8 * 4
     per_token = 2 * (10 * 32 + 5 * 64) * 4  # learner/logprobs.py activation_bytes: layers x (10 H + 5 I) x 4 B
     prompt_cache = 8 * 53 * 2 * 2 * 2 * 8 * 4  # the prompt's keys and values, one copy per row of the pass
     assert got["activations"] == 8 * 64 * per_token + 53 * per_token + prompt_cache  # under the budget: not checkpointed
@@ -95,8 +98,8 @@ def test_parts_match_hand_worked_numbers_for_the_tiny_model(tiny_model_dir):
 def test_doubling_the_budget_grows_the_kv_part_as_computed(tiny_model_dir):
     shape = _tiny(tiny_model_dir)
     kv = {n: next(p.bytes for p in memory.parts(shape, replace(PLAN, max_new_tokens=n), 0) if p.name == "KV cache") for n in (64, 128)}
-    # 53 + 127 = 180 stored positions: capacity 64 -> 128 -> 192
-    assert kv[128] == 16 * 192 * 2 * 2 * 2 * 8 * 4 and kv[128] / kv[64] == 1.5
+    # 53 + 127 = 180 stored positions: capacity 64 -> 128 -> 192, stopped at the ceiling 53 + 128 = 181
+    assert kv[128] == 16 * 181 * 2 * 2 * 2 * 8 * 4 and kv[128] / kv[64] == 181 / 117
     exact = replace(PLAN, lean=False)  # other engines: about the live tokens, prompt + budget
     sizes = [next(p.bytes for p in memory.parts(shape, replace(exact, max_new_tokens=n), 0) if p.name == "KV cache") for n in (64, 128)]
     assert sizes == [16 * (53 + n) * 2 * 2 * 2 * 8 * 4 for n in (64, 128)]

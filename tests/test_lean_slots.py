@@ -33,6 +33,17 @@ def test_storage_grows_with_the_longest_live_row_not_the_budget(llama):
 
 
 @pytest.mark.plain
+def test_storage_stops_growing_at_the_longest_prompt_plus_the_budget(llama):
+    """No end token, budget 3 x CHUNK = 192: rows grow the capacity 64 -> 128 -> 192, and the next geometric
+    step (192 + 96, rounded up to 320) would pass what any row can reach; it stops at longest prompt + 192."""
+    comp, stats = lean_generate(llama, Request(PROMPTS, 2, Sampling(3 * CHUNK, 1.0), [], 0, torch.Generator().manual_seed(1)), slots=4)
+    assert bool(comp.truncated.all())  # every row ran its whole budget
+    assert stats["generate/kv_capacity"] == max(len(p) for p in PROMPTS) + 3 * CHUNK
+    ref = reference_generate(llama, Request(PROMPTS, 2, Sampling(3 * CHUNK, 1.0), [], 0, torch.Generator().manual_seed(1)))
+    assert torch.equal(comp.tokens, ref.tokens)  # and decoded the same tokens
+
+
+@pytest.mark.plain
 def test_finished_slots_are_refilled_from_the_queue(llama):
     """12 requests through 3 slots: each slot starts a new request when its row ends, so the call takes far
     fewer steps than batches of 3 running to their longest row, and slots stay full while requests wait."""

@@ -98,12 +98,13 @@ class Part:
 def kv_capacity(prompt: int, new_tokens: int) -> int:
     """Positions per slot the lean decoder's storage reaches (slot_storage.SlotStorage.reserve): the prefill
     reserves the prompt, each decode step one more position, up to prompt + new_tokens - 1 (the last token
-    is drawn, never stored); capacity grows by max(CHUNK, half) rounded up to CHUNK."""
+    is drawn, never stored); capacity grows by max(CHUNK, half) rounded up to CHUNK, and never past prompt +
+    new_tokens (the ceiling lean.py sets)."""
     up = lambda n: -(-n // CHUNK) * CHUNK  # noqa: E731
     cap, final = up(max(prompt, CHUNK)), prompt + new_tokens - 1
     while cap < final:
         cap = up(cap + max(CHUNK, cap // 2))
-    return cap
+    return min(cap, prompt + new_tokens)
 
 
 def kv_bytes(slots: int, positions: int, layers: int, kv_heads: int, head_dim: int, element: int) -> int:

@@ -49,7 +49,7 @@ def lean_generate(model, req: Request, slots: int = 0) -> tuple[Completions, dic
         return Completions.cat(parts, req.pad_id), {}
     dec = LeanDecoder.for_model(model)
     device = dec.kv.lengths.device if dec.kv.lengths.numel() else next(model.parameters()).device
-    dec.reset(S)
+    dec.reset(S, max(map(len, req.prompts), default=0) + max(req.limits(), default=0))  # no row runs past these
     rec = Recorder(R, req.pad_id, device, req.record_topk, req.record_entropy)
     try:
         return _run(dec, req, rec)

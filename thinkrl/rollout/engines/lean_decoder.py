@@ -82,9 +82,9 @@ class LeanDecoder:
         ]
         self.lm_head = PackedLinear(self.head.weight, self.head.bias, rows)
 
-    def reset(self, slots: int) -> None:
-        """Empty storage for `slots` sequences, and the weights packed for them."""
-        self.kv.reset(slots, self.layers[0].w_qkv)
+    def reset(self, slots: int, ceiling: int | None = None) -> None:
+        """Empty storage for `slots` sequences of at most `ceiling` positions, and the weights packed for them."""
+        self.kv.reset(slots, self.layers[0].w_qkv, ceiling)
         self._pack(slots)
 
     def release(self) -> None:

@@ -2,7 +2,8 @@
 
 S slots, each holding one sequence from position 0 to lengths[s], in one (S, Hk, C, D) tensor per layer and
 per key/value. The capacity C grows in chunks as the longest live sequence grows (never the whole budget up
-front), so memory follows the longest live row, not the budget. A freed slot is refilled in place by the
+front), so memory follows the longest live row, not the budget; growth stops at the longest prompt plus the
+largest budget, which no row can pass (geometric steps would otherwise overshoot it by up to half). A freed slot is refilled in place by the
 decoder's prefill: nothing is copied when rows finish. Once nothing waits to be refilled, `compact` packs
 the live rows into storage for them alone, so the last long rows of a batch do not grow storage for every
 slot.
@@ -34,9 +35,12 @@ class SlotStorage:
         self.lengths = torch.zeros(0, dtype=torch.long)
         self.peak = 0  # the largest capacity this generation reached, in positions
         self.peak_bytes = 0  # and the largest storage, in bytes
+        self.ceiling: int | None = None  # no sequence is ever longer: capacity never grows past it
 
-    def reset(self, slots: int, like: Tensor) -> None:
-        """Empty storage for `slots` sequences in like's dtype and device (capacity grows on demand)."""
+    def reset(self, slots: int, like: Tensor, ceiling: int | None = None) -> None:
+        """Empty storage for `slots` sequences in like's dtype and device (capacity grows on demand, up to
+        `ceiling` positions when given)."""
+        self.ceiling = ceiling
         shape = (slots, self.Hk, 0, self.D)
         self.keys = [like.new_empty(shape) for _ in range(self.n_layers)]
         self.values = [like.new_empty(shape) for _ in range(self.n_layers)]
@@ -51,11 +55,14 @@ class SlotStorage:
         return self.keys[0].shape[2] if self.keys else 0
 
     def reserve(self, positions: int) -> None:
-        """Room for `positions` positions in every slot: grow by at least half the capacity (and CHUNK)."""
+        """Room for `positions` positions in every slot: grow by at least half the capacity (and CHUNK), to no
+        more than the ceiling."""
         if positions <= self.capacity:
             return
         new = max(positions, self.capacity + max(CHUNK, self.capacity // 2))
         new = -(-new // CHUNK) * CHUNK
+        if self.ceiling is not None:
+            new = max(positions, min(new, self.ceiling))
 
         def grown(kv: Tensor) -> Tensor:
             # zeros, not empty: masked positions still enter attention as 0 x value, and 0 x NaN is NaN
