@@ -126,8 +126,8 @@ def total_cpu() -> str:
     for row in ROWS:
         c = _cpu_record(row.kind, row.file)
         if c is not None:
-            estimated += _estimated_s(c)
-            measured += c["user_s"] + c["sys_s"] - _estimated_s(c)
+            part = _estimated_s(c)
+            estimated, measured = estimated + part, measured + c["user_s"] + c["sys_s"] - part
     return (
         f"Total CPU (user + system) of the results above: {(measured + estimated) / 3600:.1f} h, of which "
         f"{measured / 3600:.1f} h measured and {estimated / 3600:.1f} h estimated (each result's cpu.json says how)."

@@ -3,10 +3,10 @@
 S slots, each holding one sequence from position 0 to lengths[s], in one (S, Hk, C, D) tensor per layer and
 per key/value. The capacity C grows in chunks as the longest live sequence grows (never the whole budget up
 front), so memory follows the longest live row, not the budget; growth stops at the longest prompt plus the
-largest budget, which no row can pass (geometric steps would otherwise overshoot it by up to half). A freed slot is refilled in place by the
-decoder's prefill: nothing is copied when rows finish. Once nothing waits to be refilled, `compact` packs
-the live rows into storage for them alone, so the last long rows of a batch do not grow storage for every
-slot.
+largest budget, which no row can pass (a geometric step would otherwise overshoot it by up to half). A freed
+slot is refilled in place by the decoder's prefill: nothing is copied when rows finish. Once nothing waits to
+be refilled, `compact` packs the live rows into storage for them alone, so the last long rows of a batch do
+not grow storage for every slot.
 
 Storage is only ever remade at other sizes, so every replaced tensor goes back to the system at once
 (accel.phase_end) instead of into the CPU block cache, where no later request would fit it and it would
